@@ -1,0 +1,231 @@
+package runlease
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Error codes. Every error this package returns carries one of these codes,
+// and its message begins with it, so logs and operators can match on a stable
+// string. Use the sentinels below with [errors.Is]; the typed errors carry
+// details for [errors.As].
+//
+//	RUN-E001  invalid argument: the call was refused before anything was written
+//	RUN-E002  corrupt row: a stored row does not parse; nothing was overwritten
+//	RUN-E003  fence exhausted: the run's fence is at its maximum and cannot grow
+//	RUN-E010  store locked: another opener holds the embedded store's writer lock
+//	RUN-E011  storage fault: the store failed; see [StorageError.Unknown]
+//	RUN-E012  schema mismatch: an existing table does not have the expected shape
+//	RUN-E013  store closed: the store was used after Close
+//	RUN-E021  lease lost: another holder has (or had) the lease
+//	RUN-E022  concurrency limit: every slot of a scope is held
+//	RUN-E023  slot lost: a held slot was taken by another run
+const (
+	CodeInvalidArgument  = "RUN-E001"
+	CodeCorruptRow       = "RUN-E002"
+	CodeFenceExhausted   = "RUN-E003"
+	CodeStoreLocked      = "RUN-E010"
+	CodeStorage          = "RUN-E011"
+	CodeSchemaMismatch   = "RUN-E012"
+	CodeStoreClosed      = "RUN-E013"
+	CodeLeaseLost        = "RUN-E021"
+	CodeConcurrencyLimit = "RUN-E022"
+	CodeSlotLost         = "RUN-E023"
+)
+
+// Sentinel errors, one per code. Every error returned by this package matches
+// exactly one of them with [errors.Is] (a storage fault caused by a context
+// also matches the context's error).
+var (
+	ErrInvalidArgument error = &codedError{CodeInvalidArgument, "invalid argument"}
+	ErrCorruptRow error = &codedError{CodeCorruptRow, "corrupt row"}
+	ErrFenceExhausted error = &codedError{CodeFenceExhausted, "fence exhausted"}
+	ErrStoreLocked error = &codedError{CodeStoreLocked, "store locked by another opener"}
+	ErrStorage error = &codedError{CodeStorage, "storage fault"}
+	ErrSchemaMismatch error = &codedError{CodeSchemaMismatch, "schema mismatch"}
+	ErrStoreClosed error = &codedError{CodeStoreClosed, "store closed"}
+	ErrLeaseLost error = &codedError{CodeLeaseLost, "lease lost"}
+	ErrConcurrencyLimit error = &codedError{CodeConcurrencyLimit, "concurrency limit reached"}
+	ErrSlotLost error = &codedError{CodeSlotLost, "slot lost"}
+
+	// ErrOutcomeUnknown matches a [StorageError] whose write may or may not
+	// have been applied (a timeout or a reset after the request was sent).
+	// Such an error also matches [ErrStorage].
+	ErrOutcomeUnknown = errors.New("outcome unknown")
+)
+
+// codedError is the type of the sentinels.
+type codedError struct {
+	code string
+	text string
+}
+
+func (e *codedError) Error() string { return e.code + ": " + e.text }
+
+// Code returns the error's stable code, such as "RUN-E021".
+func (e *codedError) Code() string { return e.code }
+
+// Code returns the stable code ("RUN-Exxx") of the first error in err's chain
+// that has one, or "" when none does.
+func Code(err error) string {
+	var c interface{ Code() string }
+	if errors.As(err, &c) {
+		return c.Code()
+	}
+	return ""
+}
+
+// ArgumentError reports an argument refused before anything was written.
+// It matches [ErrInvalidArgument].
+type ArgumentError struct {
+	Arg    string // which argument: "runID", "key", "ttl", …
+	Reason string // why it was refused
+}
+
+func (e *ArgumentError) Error() string {
+	return CodeInvalidArgument + ": invalid " + e.Arg + ": " + e.Reason
+}
+
+// Code returns [CodeInvalidArgument].
+func (e *ArgumentError) Code() string        { return CodeInvalidArgument }
+func (e *ArgumentError) Is(target error) bool { return target == ErrInvalidArgument }
+
+func invalidArg(arg, format string, a ...any) error {
+	return &ArgumentError{Arg: arg, Reason: fmt.Sprintf(format, a...)}
+}
+
+// CorruptRowError reports a stored row that does not parse. The library
+// never overwrites such a row: an operator must look at it. It matches
+// [ErrCorruptRow].
+type CorruptRowError struct {
+	Key   string
+	Value string // the stored text, cut to 200 bytes
+	Err   error  // the parse error
+}
+
+func (e *CorruptRowError) Error() string {
+	return fmt.Sprintf("%s: corrupt row at %q: %v (stored: %q)", CodeCorruptRow, e.Key, e.Err, e.Value)
+}
+
+// Code returns [CodeCorruptRow].
+func (e *CorruptRowError) Code() string        { return CodeCorruptRow }
+func (e *CorruptRowError) Is(target error) bool { return target == ErrCorruptRow }
+func (e *CorruptRowError) Unwrap() error        { return e.Err }
+
+func corruptRow(key, value string, err error) error {
+	if len(value) > 200 {
+		value = value[:200]
+	}
+	return &CorruptRowError{Key: key, Value: value, Err: err}
+}
+
+// StorageError reports a fault of the store. Unknown tells whether the write
+// may have been applied: false means the call certainly changed nothing,
+// true means it may have (the library resolves that by re-reading where it
+// can). Retryable marks faults that a retry is expected to clear, such as a
+// serialization failure. It matches [ErrStorage], and [ErrOutcomeUnknown]
+// when Unknown is set; Unwrap gives the driver's error, so [errors.As] reaches
+// it and [errors.Is] matches a context's error that caused the fault.
+type StorageError struct {
+	Op        string // the Store method, such as "MetaCAS"
+	Key       string // the key or prefix involved, if any
+	Unknown   bool
+	Retryable bool
+	Err       error
+}
+
+func (e *StorageError) Error() string {
+	outcome := "not applied"
+	if e.Unknown {
+		outcome = "outcome unknown"
+	}
+	key := ""
+	if e.Key != "" {
+		key = " " + strconv.Quote(e.Key)
+	}
+	return fmt.Sprintf("%s: storage fault in %s%s (%s): %v", CodeStorage, e.Op, key, outcome, e.Err)
+}
+
+// Code returns [CodeStorage].
+func (e *StorageError) Code() string { return CodeStorage }
+func (e *StorageError) Is(target error) bool {
+	return target == ErrStorage || (e.Unknown && target == ErrOutcomeUnknown)
+}
+func (e *StorageError) Unwrap() error { return e.Err }
+
+// IsOutcomeUnknown reports whether err is a storage fault after which a write
+// may or may not have been applied.
+func IsOutcomeUnknown(err error) bool { return errors.Is(err, ErrOutcomeUnknown) }
+
+// StoreLockedError reports that another opener, in this process or another,
+// holds the writer lock of an embedded store. It matches [ErrStoreLocked].
+type StoreLockedError struct {
+	Path string
+}
+
+func (e *StoreLockedError) Error() string {
+	return fmt.Sprintf("%s: store %q is open in another process or handle; "+
+		"an embedded store has one writer (use a shared Postgres store for several nodes)", CodeStoreLocked, e.Path)
+}
+
+// Code returns [CodeStoreLocked].
+func (e *StoreLockedError) Code() string        { return CodeStoreLocked }
+func (e *StoreLockedError) Is(target error) bool { return target == ErrStoreLocked }
+
+// LeaseLostError reports that a lease is held by someone else, or was. It is
+// returned by Acquire when a live lease is held elsewhere, and by Renew and
+// fenced writes once another driver has written the row. Holder, Fence and
+// Until describe the row found, when it was read; Holder is empty when the
+// lease was released. It matches [ErrLeaseLost].
+type LeaseLostError struct {
+	RunID  string
+	Reason string    // short cause: "held by another holder", "row changed", "released", …
+	Holder string    // the current holder, when known
+	Fence  uint64    // the current fence, when known
+	Until  time.Time // the current expiry, when known: when takeover becomes possible
+}
+
+func (e *LeaseLostError) Error() string {
+	msg := fmt.Sprintf("%s: lease on run %q lost: %s", CodeLeaseLost, e.RunID, e.Reason)
+	if e.Holder != "" {
+		msg += fmt.Sprintf(" (holder %q, fence %d, until %s)", e.Holder, e.Fence,
+			e.Until.UTC().Format(time.RFC3339Nano))
+	}
+	return msg
+}
+
+// Code returns [CodeLeaseLost].
+func (e *LeaseLostError) Code() string        { return CodeLeaseLost }
+func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
+
+// ConcurrencyLimitError reports that every slot of a scope was held. It
+// matches [ErrConcurrencyLimit].
+type ConcurrencyLimitError struct {
+	Scope string // the scope's name, such as "mem" or "principal:alice"
+	Limit int
+}
+
+func (e *ConcurrencyLimitError) Error() string {
+	return fmt.Sprintf("%s: concurrency limit reached in scope %q (limit %d)", CodeConcurrencyLimit, e.Scope, e.Limit)
+}
+
+// Code returns [CodeConcurrencyLimit].
+func (e *ConcurrencyLimitError) Code() string        { return CodeConcurrencyLimit }
+func (e *ConcurrencyLimitError) Is(target error) bool { return target == ErrConcurrencyLimit }
+
+// SlotLostError reports held slots that another run has taken since they were
+// claimed (after a pause past the TTL). It matches [ErrSlotLost].
+type SlotLostError struct {
+	RunID string
+	Keys  []string // the slot rows lost
+}
+
+func (e *SlotLostError) Error() string {
+	return fmt.Sprintf("%s: run %q lost %d slot(s): %q", CodeSlotLost, e.RunID, len(e.Keys), e.Keys)
+}
+
+// Code returns [CodeSlotLost].
+func (e *SlotLostError) Code() string        { return CodeSlotLost }
+func (e *SlotLostError) Is(target error) bool { return target == ErrSlotLost }

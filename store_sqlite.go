@@ -1,0 +1,307 @@
+package runlease
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// The embedded store's schema and statements. WITHOUT ROWID keeps each row in
+// the primary-key b-tree, and TEXT compares with the BINARY collation, which
+// is byte order: the order MetaScan promises.
+const (
+	sqliteSchema = `CREATE TABLE IF NOT EXISTS runlease_meta (
+	key   TEXT PRIMARY KEY NOT NULL,
+	value TEXT NOT NULL
+) WITHOUT ROWID`
+
+	sqliteGet       = `SELECT value FROM runlease_meta WHERE key = ?`
+	sqliteInsert    = `INSERT INTO runlease_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING`
+	sqliteUpdate    = `UPDATE runlease_meta SET value = ? WHERE key = ? AND value = ?`
+	sqliteDelete    = `DELETE FROM runlease_meta WHERE key = ? AND value = ?`
+	sqliteScan      = `SELECT key, value FROM runlease_meta WHERE key >= ? AND key < ? ORDER BY key`
+	sqliteScanOpen  = `SELECT key, value FROM runlease_meta WHERE key >= ? ORDER BY key`
+	sqliteBusyMilli = 10000
+)
+
+// errLocked is what lockFile returns when another opener holds the lock.
+var errLocked = errors.New("locked")
+
+// SQLiteStore is the embedded [Store]: one SQLite file (in WAL mode) that one
+// process writes. OpenSQLite enforces that with a lock, so two drivers can
+// never share an embedded store by accident; nodes that must share leases use
+// a Postgres store.
+//
+// All writes go through one connection, so writers in this process queue in
+// Go rather than meet SQLITE_BUSY; reads use a small pool of their own and do
+// not wait for writes. Every write is durable when it returns
+// (synchronous=FULL). A SQLiteStore is safe for concurrent use.
+type SQLiteStore struct {
+	path   string
+	lock   *os.File // the writer lock; nil for :memory:
+	w, r   *sql.DB  // r == w for :memory:, whose data lives in one connection
+	stmts  sqliteStmts
+	closed atomic.Bool
+}
+
+type sqliteStmts struct {
+	get, insert, update, del, scan, scanOpen *sql.Stmt
+}
+
+// OpenSQLite opens (creating if needed) the embedded store at path, or a
+// private in-memory store when path is ":memory:".
+//
+// The file is locked for this store until Close: a second OpenSQLite of the
+// same file, from this process or another, fails at once with a
+// [*StoreLockedError] (matching [ErrStoreLocked]). The lock lives on a side
+// file, path+".lock", and the operating system drops it when the process
+// dies, so a crashed writer never leaves the store locked.
+func OpenSQLite(path string) (*SQLiteStore, error) {
+	if path == "" {
+		return nil, invalidArg("path", "empty")
+	}
+	if path == ":memory:" {
+		db, err := openSQLiteDB("file::memory:", false, 1)
+		if err != nil {
+			return nil, err
+		}
+		return newSQLiteStore(path, nil, db, db)
+	}
+	abs, err := canonicalPath(path)
+	if err != nil {
+		return nil, &StorageError{Op: "OpenSQLite", Key: path, Err: err}
+	}
+	lock, err := lockFile(abs + ".lock")
+	if errors.Is(err, errLocked) {
+		return nil, &StoreLockedError{Path: path}
+	}
+	if err != nil {
+		return nil, &StorageError{Op: "OpenSQLite", Key: path, Err: err}
+	}
+	uri := "file:" + (&url.URL{Path: abs}).EscapedPath()
+	w, err := openSQLiteDB(uri, false, 1)
+	if err != nil {
+		unlockFile(lock)
+		return nil, err
+	}
+	r, err := openSQLiteDB(uri, true, 4)
+	if err != nil {
+		w.Close()
+		unlockFile(lock)
+		return nil, err
+	}
+	return newSQLiteStore(path, lock, w, r)
+}
+
+// canonicalPath resolves path to an absolute path without symbolic links in
+// its directory, so two spellings of one file take the same lock.
+func canonicalPath(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	dir, err := filepath.EvalSymlinks(filepath.Dir(abs))
+	if err != nil {
+		return "", err
+	}
+	abs = filepath.Join(dir, filepath.Base(abs))
+	if target, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = target
+	}
+	return abs, nil
+}
+
+// openSQLiteDB opens a handle on uri with at most conns connections. Every
+// connection waits for locks (busy_timeout) rather than failing, although
+// with one writing connection per file the only waits left are the rare ones
+// of checkpoints and recovery.
+func openSQLiteDB(uri string, readOnly bool, conns int) (*sql.DB, error) {
+	dsn := fmt.Sprintf("%s?_pragma=busy_timeout(%d)", uri, sqliteBusyMilli)
+	if readOnly {
+		dsn += "&_pragma=query_only(1)"
+	} else {
+		dsn += "&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)"
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, &StorageError{Op: "OpenSQLite", Err: err}
+	}
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	db.SetConnMaxLifetime(0)
+	db.SetConnMaxIdleTime(0)
+	return db, nil
+}
+
+func newSQLiteStore(path string, lock *os.File, w, r *sql.DB) (*SQLiteStore, error) {
+	s := &SQLiteStore{path: path, lock: lock, w: w, r: r}
+	ctx := context.Background()
+	if _, err := w.ExecContext(ctx, sqliteSchema); err != nil {
+		s.Close()
+		return nil, s.fault("OpenSQLite", path, err)
+	}
+	var err error
+	prepare := func(db *sql.DB, q string) *sql.Stmt {
+		if err != nil {
+			return nil
+		}
+		var st *sql.Stmt
+		st, err = db.PrepareContext(ctx, q)
+		return st
+	}
+	s.stmts = sqliteStmts{
+		get:      prepare(r, sqliteGet),
+		insert:   prepare(w, sqliteInsert),
+		update:   prepare(w, sqliteUpdate),
+		del:      prepare(w, sqliteDelete),
+		scan:     prepare(r, sqliteScan),
+		scanOpen: prepare(r, sqliteScanOpen),
+	}
+	if err != nil {
+		s.Close()
+		return nil, s.fault("OpenSQLite", path, err)
+	}
+	return s, nil
+}
+
+// Path returns the path the store was opened with.
+func (s *SQLiteStore) Path() string { return s.path }
+
+// Close closes the database and releases the writer lock. Calls after Close
+// fail with [ErrStoreClosed]. Close is idempotent.
+func (s *SQLiteStore) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	var errs []error
+	if s.r != s.w {
+		errs = append(errs, s.r.Close())
+	}
+	errs = append(errs, s.w.Close())
+	if s.lock != nil {
+		errs = append(errs, unlockFile(s.lock))
+	}
+	return errors.Join(errs...)
+}
+
+// MetaGet implements [Store].
+func (s *SQLiteStore) MetaGet(ctx context.Context, key string) (string, bool, error) {
+	if err := s.check(key); err != nil {
+		return "", false, err
+	}
+	var v string
+	err := s.stmts.get.QueryRowContext(ctx, key).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, s.fault("MetaGet", key, err)
+	}
+	return v, true, nil
+}
+
+// MetaCAS implements [Store].
+func (s *SQLiteStore) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
+	if err := s.check(key); err != nil {
+		return false, err
+	}
+	if err := CheckValue(value); err != nil {
+		return false, err
+	}
+	var res sql.Result
+	var err error
+	if expected == nil {
+		res, err = s.stmts.insert.ExecContext(ctx, key, value)
+	} else {
+		res, err = s.stmts.update.ExecContext(ctx, value, key, *expected)
+	}
+	return s.applied("MetaCAS", key, res, err)
+}
+
+// MetaDelete implements [Store].
+func (s *SQLiteStore) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
+	if err := s.check(key); err != nil {
+		return false, err
+	}
+	res, err := s.stmts.del.ExecContext(ctx, key, expected)
+	return s.applied("MetaDelete", key, res, err)
+}
+
+// MetaScan implements [Store].
+func (s *SQLiteStore) MetaScan(ctx context.Context, prefix string) ([]Row, error) {
+	if s.closed.Load() {
+		return nil, ErrStoreClosed
+	}
+	if err := CheckPrefix(prefix); err != nil {
+		return nil, err
+	}
+	var rows *sql.Rows
+	var err error
+	if end, ok := PrefixEnd(prefix); ok {
+		rows, err = s.stmts.scan.QueryContext(ctx, prefix, end)
+	} else {
+		rows, err = s.stmts.scanOpen.QueryContext(ctx, prefix)
+	}
+	if err != nil {
+		return nil, s.fault("MetaScan", prefix, err)
+	}
+	defer rows.Close()
+	var out []Row
+	for rows.Next() {
+		var r Row
+		if err := rows.Scan(&r.Key, &r.Value); err != nil {
+			return nil, s.fault("MetaScan", prefix, err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.fault("MetaScan", prefix, err)
+	}
+	return out, nil
+}
+
+func (s *SQLiteStore) check(key string) error {
+	if s.closed.Load() {
+		return ErrStoreClosed
+	}
+	return CheckKey(key)
+}
+
+func (s *SQLiteStore) applied(op, key string, res sql.Result, err error) (bool, error) {
+	if err != nil {
+		return false, s.fault(op, key, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, s.fault(op, key, err)
+	}
+	return n == 1, nil
+}
+
+// fault classifies a SQLite error. A statement that fails in autocommit mode
+// is rolled back, so its outcome is known (nothing was applied) except for
+// I/O errors, after which the file's state is not certain.
+func (s *SQLiteStore) fault(op, key string, err error) error {
+	if s.closed.Load() && errors.Is(err, sql.ErrConnDone) {
+		return ErrStoreClosed
+	}
+	se := &StorageError{Op: op, Key: key, Err: err}
+	var e *sqlite.Error
+	if errors.As(err, &e) {
+		switch e.Code() & 0xff {
+		case sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_FULL:
+			se.Unknown = true
+		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+			se.Retryable = true
+		}
+	}
+	return se
+}
