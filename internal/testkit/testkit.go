@@ -1,0 +1,156 @@
+// Package testkit holds test helpers shared by runlease's tests: a manual
+// clock, a Store decorator that counts calls, and one that injects faults.
+package testkit
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/areev/runlease"
+)
+
+// Clock is a manual clock for runlease.WithClock. It starts at a fixed
+// instant and moves only when told to. It is safe for concurrent use.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewClock returns a Clock set to start.
+func NewClock(start time.Time) *Clock { return &Clock{now: start} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// Counting wraps a Store and counts each method's calls.
+type Counting struct {
+	runlease.Store
+	Gets, CASes, Deletes, Scans atomic.Int64
+}
+
+// Total returns the number of calls of every kind.
+func (c *Counting) Total() int64 {
+	return c.Gets.Load() + c.CASes.Load() + c.Deletes.Load() + c.Scans.Load()
+}
+
+// Reset sets every count to zero.
+func (c *Counting) Reset() {
+	c.Gets.Store(0)
+	c.CASes.Store(0)
+	c.Deletes.Store(0)
+	c.Scans.Store(0)
+}
+
+func (c *Counting) MetaGet(ctx context.Context, key string) (string, bool, error) {
+	c.Gets.Add(1)
+	return c.Store.MetaGet(ctx, key)
+}
+
+func (c *Counting) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
+	c.CASes.Add(1)
+	return c.Store.MetaCAS(ctx, key, expected, value)
+}
+
+func (c *Counting) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
+	c.Deletes.Add(1)
+	return c.Store.MetaDelete(ctx, key, expected)
+}
+
+func (c *Counting) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, error) {
+	c.Scans.Add(1)
+	return c.Store.MetaScan(ctx, prefix)
+}
+
+// Fault decides what a Faulty store does with one write: apply it or not,
+// and then report an error (nil for none).
+type Fault struct {
+	Apply bool
+	Err   error
+}
+
+// Faulty wraps a Store and lets a test decide the fate of each write, to
+// cause what a real store does only under a network fault: a write applied
+// whose reply was lost, or a write refused. Reads pass through.
+type Faulty struct {
+	runlease.Store
+	mu     sync.Mutex
+	faults []Fault // consumed by writes in order; when empty, writes pass through
+}
+
+// Next queues faults for the next writes.
+func (f *Faulty) Next(faults ...Fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.faults = append(f.faults, faults...)
+}
+
+func (f *Faulty) next() (Fault, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.faults) == 0 {
+		return Fault{}, false
+	}
+	ft := f.faults[0]
+	f.faults = f.faults[1:]
+	return ft, true
+}
+
+// Unknown returns a storage error whose outcome is unknown, as a store
+// reports a reset after sending.
+func Unknown(op string) error {
+	return &runlease.StorageError{Op: op, Unknown: true, Err: context.DeadlineExceeded}
+}
+
+// NotApplied returns a storage error that certainly changed nothing.
+func NotApplied(op string) error {
+	return &runlease.StorageError{Op: op, Err: context.DeadlineExceeded}
+}
+
+func (f *Faulty) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
+	ft, ok := f.next()
+	if !ok {
+		return f.Store.MetaCAS(ctx, key, expected, value)
+	}
+	swapped := false
+	if ft.Apply {
+		var err error
+		if swapped, err = f.Store.MetaCAS(ctx, key, expected, value); err != nil {
+			return false, err
+		}
+	}
+	if ft.Err != nil {
+		return false, ft.Err
+	}
+	return swapped, nil
+}
+
+func (f *Faulty) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
+	ft, ok := f.next()
+	if !ok {
+		return f.Store.MetaDelete(ctx, key, expected)
+	}
+	deleted := false
+	if ft.Apply {
+		var err error
+		if deleted, err = f.Store.MetaDelete(ctx, key, expected); err != nil {
+			return false, err
+		}
+	}
+	if ft.Err != nil {
+		return false, ft.Err
+	}
+	return deleted, nil
+}

@@ -1,0 +1,428 @@
+package runlease_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
+)
+
+var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// newSQLite opens an embedded store in a fresh temporary folder.
+func newSQLite(t *testing.T) *runlease.SQLiteStore {
+	t.Helper()
+	s, err := runlease.OpenSQLite(filepath.Join(t.TempDir(), "runs.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// rows returns every row of the store, to prove a call wrote nothing.
+func rows(t *testing.T, s runlease.Store) []runlease.Row {
+	t.Helper()
+	r, err := s.MetaScan(t.Context(), "")
+	require.NoError(t, err)
+	return r
+}
+
+func put(t *testing.T, s runlease.Store, key, value string) {
+	t.Helper()
+	ok, err := s.MetaCAS(t.Context(), key, nil, value)
+	require.NoError(t, err)
+	require.True(t, ok)
+}
+
+func get(t *testing.T, s runlease.Store, key string) string {
+	t.Helper()
+	v, found, err := s.MetaGet(t.Context(), key)
+	require.NoError(t, err)
+	require.True(t, found, "no row at %q", key)
+	return v
+}
+
+func TestLease(t *testing.T) {
+	t.Parallel()
+	ttl := runlease.WithTTL(60 * time.Second)
+
+	t.Run("one_holder_at_a_time", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		_, err := runlease.Acquire(t.Context(), s, "r1", "A", ttl, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		b, err := runlease.Acquire(t.Context(), s, "r1", "B", ttl, runlease.WithClock(clk.Now))
+		require.ErrorIs(t, err, runlease.ErrLeaseLost)
+		assert.Nil(t, b)
+		assert.True(t, strings.HasPrefix(err.Error(), "RUN-E021"), err.Error())
+		var lost *runlease.LeaseLostError
+		require.ErrorAs(t, err, &lost)
+		assert.Equal(t, "A", lost.Holder, "the refusal names the holder")
+		assert.Equal(t, uint64(1), lost.Fence)
+		assert.Equal(t, epoch.Add(60*time.Second), lost.Until, "and when takeover becomes possible")
+	})
+
+	t.Run("re_entering_our_own_lease_is_fine", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		a1, err := runlease.Acquire(t.Context(), s, "r1", "A", ttl, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(time.Second)
+		a2, err := runlease.Acquire(t.Context(), s, "r1", "A", ttl, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		assert.Greater(t, a2.Fence(), a1.Fence(), "re-entry starts a new fence")
+		require.ErrorIs(t, a1.Renew(t.Context()), runlease.ErrLeaseLost, "the earlier handle is superseded")
+		require.NoError(t, a2.Renew(t.Context()))
+	})
+
+	t.Run("an_expired_lease_can_be_taken_over", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		a, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(runlease.MinTTL - time.Millisecond)
+		_, err = runlease.Acquire(t.Context(), s, "r1", "B", ttl, runlease.WithClock(clk.Now))
+		require.ErrorIs(t, err, runlease.ErrLeaseLost, "still live one millisecond before expiry")
+		clk.Advance(time.Millisecond)
+		b, err := runlease.Acquire(t.Context(), s, "r1", "B", ttl, runlease.WithClock(clk.Now))
+		require.NoError(t, err, "free at its until time")
+		assert.Equal(t, a.Fence()+1, b.Fence())
+	})
+
+	t.Run("a_stalled_holder_cannot_renew_after_being_replaced", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		a, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(time.Hour)
+		b, err := runlease.Acquire(t.Context(), s, "r1", "B", ttl, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		before := get(t, s, "runlease:r1")
+
+		err = a.Renew(t.Context())
+		require.ErrorIs(t, err, runlease.ErrLeaseLost)
+		assert.Equal(t, "RUN-E021", runlease.Code(err))
+		assert.True(t, strings.HasPrefix(err.Error(), "RUN-E021"), err.Error())
+		var lost *runlease.LeaseLostError
+		require.ErrorAs(t, err, &lost)
+		assert.Equal(t, "B", lost.Holder)
+		assert.Equal(t, b.Fence(), lost.Fence)
+		assert.Equal(t, before, get(t, s, "runlease:r1"), "the new holder's row is untouched")
+		require.ErrorIs(t, a.Renew(t.Context()), runlease.ErrLeaseLost, "and stays lost")
+	})
+
+	t.Run("renewing_extends_the_deadline", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		five := runlease.WithTTL(5 * time.Second)
+		a, err := runlease.Acquire(t.Context(), s, "r1", "A", five, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(3 * time.Second)
+		require.NoError(t, a.Renew(t.Context()))
+		assert.Equal(t, epoch.Add(8*time.Second), a.Expiry())
+		clk.Advance(4500 * time.Millisecond) // 7.5 s: past the original 5 s, inside the renewed 8 s
+		_, err = runlease.Acquire(t.Context(), s, "r1", "B", five, runlease.WithClock(clk.Now))
+		require.ErrorIs(t, err, runlease.ErrLeaseLost)
+		clk.Advance(500 * time.Millisecond)
+		_, err = runlease.Acquire(t.Context(), s, "r1", "B", five, runlease.WithClock(clk.Now))
+		require.NoError(t, err, "free at the renewed deadline")
+	})
+
+	t.Run("releasing_lets_the_next_driver_start_at_once", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		a, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.NoError(t, a.Release(t.Context()))
+		require.NoError(t, a.Release(t.Context()), "releasing twice is a no-op")
+		clk.Advance(100 * time.Millisecond)
+		b, err := runlease.Acquire(t.Context(), s, "r1", "B", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		assert.Equal(t, a.Fence()+1, b.Fence(), "the released row kept the fence")
+		require.ErrorIs(t, a.Renew(t.Context()), runlease.ErrLeaseLost, "a released lease cannot renew")
+	})
+
+	t.Run("release_after_being_taken_over_leaves_the_new_holder_untouched", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		a, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(runlease.MinTTL)
+		b, err := runlease.Acquire(t.Context(), s, "r1", "B", ttl, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		before := get(t, s, "runlease:r1")
+		require.ErrorIs(t, a.Release(t.Context()), runlease.ErrLeaseLost)
+		assert.Equal(t, before, get(t, s, "runlease:r1"))
+		require.NoError(t, b.Renew(t.Context()))
+	})
+}
+
+func TestFencesNeverGoBackwards(t *testing.T) {
+	t.Parallel()
+	s, clk := newSQLite(t), testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now)}
+	var last uint64
+	holders := []string{"A", "B", "A", "C"}
+	for i, h := range holders {
+		l, err := runlease.Acquire(t.Context(), s, "r1", h, opts...)
+		require.NoError(t, err)
+		require.Greater(t, l.Fence(), last, "acquisition %d", i)
+		last = l.Fence()
+		for range 3 {
+			clk.Advance(time.Second)
+			require.NoError(t, l.Renew(t.Context()))
+			require.Equal(t, last, l.Fence(), "renewals keep the fence")
+		}
+		if i%2 == 0 {
+			require.NoError(t, l.Release(t.Context()))
+		} else {
+			clk.Advance(runlease.MinTTL) // expire: the next one takes over
+		}
+	}
+	require.Equal(t, uint64(len(holders)), last)
+}
+
+func TestFenceAtTheMaximumIsRefusedNotWrapped(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	row := `{"holder":"","fence":` + strconv.FormatUint(math.MaxUint64, 10) + `,"until_ms":0}`
+	put(t, s, "runlease:r1", row)
+	_, err := runlease.Acquire(t.Context(), s, "r1", "A")
+	require.ErrorIs(t, err, runlease.ErrFenceExhausted)
+	assert.Equal(t, "RUN-E003", runlease.Code(err))
+	assert.Equal(t, row, get(t, s, "runlease:r1"))
+
+	// One below the maximum is still fine, and lands on it.
+	s2 := newSQLite(t)
+	put(t, s2, "runlease:r1", `{"holder":"","fence":`+strconv.FormatUint(math.MaxUint64-1, 10)+`,"until_ms":0}`)
+	l, err := runlease.Acquire(t.Context(), s2, "r1", "A")
+	require.NoError(t, err)
+	assert.Equal(t, uint64(math.MaxUint64), l.Fence())
+}
+
+func TestCorruptLeaseRowIsRefusedAndKept(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		`not json`, `[]`, `null`, `"text"`, `{"fence":-1}`, `{"fence":1.5}`, `{"fence":1e3}`,
+		`{"holder":null}`, `{"holder":7}`, `{"until_ms":"x"}`, `{"holder":"a"} trailing`, `{"holder":"a"`,
+		`{"fence":18446744073709551616}`,
+	} {
+		t.Run(raw, func(t *testing.T) {
+			t.Parallel()
+			s := newSQLite(t)
+			put(t, s, "runlease:r1", raw)
+			_, err := runlease.Acquire(t.Context(), s, "r1", "A")
+			require.ErrorIs(t, err, runlease.ErrCorruptRow)
+			assert.True(t, strings.HasPrefix(err.Error(), "RUN-E002"), err.Error())
+			var ce *runlease.CorruptRowError
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, "runlease:r1", ce.Key)
+			assert.Equal(t, raw, get(t, s, "runlease:r1"), "nothing is overwritten")
+			_, err = runlease.Peek(t.Context(), s, "r1")
+			require.ErrorIs(t, err, runlease.ErrCorruptRow)
+		})
+	}
+}
+
+func TestRowsAreByteCompatibleWithTheReference(t *testing.T) {
+	t.Parallel()
+	s, clk := newSQLite(t), testkit.NewClock(epoch)
+	holder := "p<>&\"q\\r\u2028é\n\t\x01#node/1"
+	l, err := runlease.Acquire(t.Context(), s, "r1", holder, runlease.WithClock(clk.Now), runlease.WithTTL(time.Minute))
+	require.NoError(t, err)
+	until := strconv.FormatInt(epoch.Add(time.Minute).UnixMilli(), 10)
+	// What serde_json writes for the reference's LeaseRow: only '"', '\'
+	// and control characters escaped, lower-case \u00xx, raw UTF-8.
+	want := `{"holder":"p<>&\"q\\r` + "\u2028é" + `\n\t\u0001#node/1","fence":1,"until_ms":` + until + `}`
+	assert.Equal(t, want, get(t, s, "runlease:r1"))
+
+	require.NoError(t, l.Release(t.Context()))
+	assert.Equal(t, `{"holder":"","fence":1,"until_ms":`+strconv.FormatInt(epoch.UnixMilli(), 10)+`}`,
+		get(t, s, "runlease:r1"), "a release keeps the fence")
+}
+
+func TestRowsWrittenByTheReferenceAreRead(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, raw string
+		fence     uint64
+	}{
+		{"missing_fields_read_as_zero", `{"holder":"X"}`, 1},
+		{"empty_object", `{}`, 1},
+		{"unknown_fields_are_ignored", `{"holder":"X","fence":41,"until_ms":5,"note":[1,{"a":null}]}`, 42},
+		{"spacing_and_order", ` { "until_ms" : 5 , "fence" : 6 , "holder" : "X" } `, 7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSQLite(t)
+			put(t, s, "runlease:r1", tc.raw)
+			l, err := runlease.Acquire(t.Context(), s, "r1", "A")
+			require.NoError(t, err, "an expired row is taken over")
+			assert.Equal(t, tc.fence, l.Fence())
+		})
+	}
+}
+
+func TestBadInputIsRefusedAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("r", runlease.MaxKeyLen)
+	for _, tc := range []struct {
+		name, runID, holder string
+		opts                []runlease.Option
+	}{
+		{"empty_run_id", "", "A", nil},
+		{"nul_in_run_id", "r\x001", "A", nil},
+		{"invalid_utf8_run_id", "r\xff", "A", nil},
+		{"over_long_run_id", long, "A", nil},
+		{"empty_holder", "r1", "", nil},
+		{"nul_in_holder", "r1", "A\x00", nil},
+		{"invalid_utf8_holder", "r1", "\xc3\x28", nil},
+		{"ttl_below_minimum", "r1", "A", []runlease.Option{runlease.WithTTL(runlease.MinTTL - time.Millisecond)}},
+		{"negative_ttl", "r1", "A", []runlease.Option{runlease.WithTTL(-time.Minute)}},
+		{"ttl_above_maximum", "r1", "A", []runlease.Option{runlease.WithTTL(runlease.MaxTTL + time.Second)}},
+		{"nil_clock", "r1", "A", []runlease.Option{runlease.WithClock(nil)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSQLite(t)
+			l, err := runlease.Acquire(t.Context(), s, tc.runID, tc.holder, tc.opts...)
+			require.ErrorIs(t, err, runlease.ErrInvalidArgument)
+			assert.Nil(t, l)
+			assert.True(t, strings.HasPrefix(err.Error(), "RUN-E001"), err.Error())
+			assert.Empty(t, rows(t, s), "nothing written")
+		})
+	}
+}
+
+func TestPeekSaysWhenTakeoverBecomesPossible(t *testing.T) {
+	t.Parallel()
+	s, clk := newSQLite(t), testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithTTL(time.Minute), runlease.WithClock(clk.Now)}
+
+	info, err := runlease.Peek(t.Context(), s, "r1", opts...)
+	require.NoError(t, err)
+	assert.Equal(t, runlease.LeaseInfo{RunID: "r1"}, info, "absent")
+
+	l, err := runlease.Acquire(t.Context(), s, "r1", "A", opts...)
+	require.NoError(t, err)
+	info, err = runlease.Peek(t.Context(), s, "r1", opts...)
+	require.NoError(t, err)
+	assert.Equal(t, runlease.LeaseInfo{RunID: "r1", Found: true, Live: true, Holder: "A", Fence: 1,
+		Until: epoch.Add(time.Minute)}, info)
+
+	clk.Advance(time.Minute)
+	info, err = runlease.Peek(t.Context(), s, "r1", opts...)
+	require.NoError(t, err)
+	assert.False(t, info.Live, "expired at its until time")
+	assert.Equal(t, "A", info.Holder)
+
+	require.NoError(t, l.Release(t.Context()))
+	info, err = runlease.Peek(t.Context(), s, "r1", opts...)
+	require.NoError(t, err)
+	assert.Equal(t, runlease.LeaseInfo{RunID: "r1", Found: true, Released: true, Fence: 1, Until: clk.Now()}, info)
+}
+
+func TestUnknownOutcomesAreResolvedByReading(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	newFaulty := func(t *testing.T) (*testkit.Faulty, *testkit.Clock) {
+		return &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+	}
+
+	t.Run("an_applied_acquire_whose_reply_was_lost_is_held", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newFaulty(t)
+		s.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+		l, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.NoError(t, l.Renew(ctx))
+	})
+
+	t.Run("an_acquire_that_did_not_apply_is_a_fault_not_a_loss", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newFaulty(t)
+		s.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS")})
+		_, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.ErrorIs(t, err, runlease.ErrStorage)
+		assert.NotErrorIs(t, err, runlease.ErrLeaseLost)
+		assert.Empty(t, rows(t, s))
+	})
+
+	t.Run("a_renewal_that_did_not_apply_can_be_retried", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newFaulty(t)
+		l, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(time.Second)
+		s.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS")})
+		err = l.Renew(ctx)
+		require.ErrorIs(t, err, runlease.ErrOutcomeUnknown)
+		assert.NotErrorIs(t, err, runlease.ErrLeaseLost, "never a false loss")
+		require.NoError(t, l.Renew(ctx))
+		assert.Equal(t, clk.Now().Add(runlease.DefaultTTL), l.Expiry())
+	})
+
+	t.Run("an_applied_renewal_whose_reply_was_lost_counts", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newFaulty(t)
+		l, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(time.Second)
+		s.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+		require.NoError(t, l.Renew(ctx))
+		clk.Advance(time.Second)
+		require.NoError(t, l.Renew(ctx), "the next renewal presents the row that landed")
+	})
+
+	t.Run("a_renewal_refused_before_sending_is_not_resolved", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newFaulty(t)
+		l, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		s.Next(testkit.Fault{Apply: false, Err: testkit.NotApplied("MetaCAS")})
+		err = l.Renew(ctx)
+		require.ErrorIs(t, err, runlease.ErrStorage)
+		assert.False(t, runlease.IsOutcomeUnknown(err))
+		require.NoError(t, l.Renew(ctx))
+	})
+}
+
+func TestOneWinnerWhenManyDriversRace(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	const drivers = 16
+	for round := range 20 {
+		runID := "race-" + strconv.Itoa(round)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		leases := make([]*runlease.Lease, drivers)
+		errs := make([]error, drivers)
+		for i := range drivers {
+			wg.Go(func() {
+				<-start
+				leases[i], errs[i] = runlease.Acquire(context.Background(), s, runID, "D"+strconv.Itoa(i))
+			})
+		}
+		close(start)
+		wg.Wait()
+		winners := 0
+		for i := range drivers {
+			if errs[i] == nil {
+				winners++
+				continue
+			}
+			require.True(t, errors.Is(errs[i], runlease.ErrLeaseLost), "driver %d: %v", i, errs[i])
+		}
+		require.Equal(t, 1, winners, "round %d", round)
+	}
+}
