@@ -1,0 +1,284 @@
+package runlease_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
+)
+
+func TestSlots(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a_scope_holds_at_most_its_limit", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		mem := []runlease.Scope{runlease.MemScope(2)}
+		_, err := runlease.ClaimSlots(t.Context(), s, "r1", mem, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		_, err = runlease.ClaimSlots(t.Context(), s, "r2", mem, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		before := rows(t, s)
+		_, err = runlease.ClaimSlots(t.Context(), s, "r3", mem, runlease.WithClock(clk.Now))
+		require.ErrorIs(t, err, runlease.ErrConcurrencyLimit)
+		assert.True(t, strings.HasPrefix(err.Error(), "RUN-E022"), err.Error())
+		var lim *runlease.ConcurrencyLimitError
+		require.ErrorAs(t, err, &lim)
+		assert.Equal(t, runlease.ConcurrencyLimitError{Scope: "mem", Limit: 2}, *lim, "names the scope and limit")
+		assert.Equal(t, before, rows(t, s), "a refusal writes nothing")
+	})
+
+	t.Run("a_run_refused_in_one_scope_holds_nothing_in_the_others", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		_, err := runlease.ClaimSlots(t.Context(), s, "r1", []runlease.Scope{runlease.PrincipalScope("alice", 1)},
+			runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		before := rows(t, s)
+		_, err = runlease.ClaimSlots(t.Context(), s, "r2",
+			[]runlease.Scope{runlease.MemScope(5), runlease.PrincipalScope("alice", 1)}, runlease.WithClock(clk.Now))
+		var lim *runlease.ConcurrencyLimitError
+		require.ErrorAs(t, err, &lim)
+		assert.Equal(t, "principal:alice", lim.Scope)
+		assert.Equal(t, before, rows(t, s), "no slot in mem either, not even briefly")
+	})
+
+	t.Run("a_run_that_holds_a_slot_reuses_it", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		scopes := []runlease.Scope{runlease.MemScope(3)}
+		_, err := runlease.ClaimSlots(t.Context(), s, "other", scopes, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		first, err := runlease.ClaimSlots(t.Context(), s, "r1", scopes, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.NoError(t, first.Release(t.Context()))
+		first, err = runlease.ClaimSlots(t.Context(), s, "r1", scopes, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(time.Second)
+		again, err := runlease.ClaimSlots(t.Context(), s, "r1", scopes, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		assert.Equal(t, first.Held()[0].Slot, again.Held()[0].Slot)
+		occ, err := runlease.Occupancy(t.Context(), s, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		assert.Len(t, occ, 2, "one slot for r1, one for other")
+	})
+
+	t.Run("a_crashed_holders_slot_frees_after_its_ttl", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		scopes := []runlease.Scope{runlease.NamedScope("gpu", 1)}
+		opts := []runlease.Option{runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now)}
+		crashed, err := runlease.ClaimSlots(t.Context(), s, "r1", scopes, opts...)
+		require.NoError(t, err)
+		clk.Advance(runlease.MinTTL - time.Millisecond)
+		_, err = runlease.ClaimSlots(t.Context(), s, "r2", scopes, opts...)
+		require.ErrorIs(t, err, runlease.ErrConcurrencyLimit)
+		clk.Advance(time.Millisecond)
+		_, err = runlease.ClaimSlots(t.Context(), s, "r2", scopes, opts...)
+		require.NoError(t, err)
+		err = crashed.Renew(t.Context())
+		require.ErrorIs(t, err, runlease.ErrSlotLost, "the stalled run learns it lost the slot")
+		assert.Empty(t, crashed.Held())
+	})
+
+	t.Run("releasing_a_slot_taken_since_leaves_it_taken", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		scopes := []runlease.Scope{runlease.MemScope(1)}
+		opts := []runlease.Option{runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now)}
+		stale, err := runlease.ClaimSlots(t.Context(), s, "r1", scopes, opts...)
+		require.NoError(t, err)
+		clk.Advance(runlease.MinTTL)
+		_, err = runlease.ClaimSlots(t.Context(), s, "r2", scopes, opts...)
+		require.NoError(t, err)
+		before := rows(t, s)
+		require.NoError(t, stale.Release(t.Context()))
+		assert.Equal(t, before, rows(t, s))
+	})
+
+	t.Run("renewing_extends_and_release_frees", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		scopes := []runlease.Scope{runlease.MemScope(1), runlease.PrincipalScope("a:b%_", 1)}
+		opts := []runlease.Option{runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now)}
+		sl, err := runlease.ClaimSlots(t.Context(), s, "r1", scopes, opts...)
+		require.NoError(t, err)
+		clk.Advance(4 * time.Second)
+		require.NoError(t, sl.Renew(t.Context()))
+		clk.Advance(4 * time.Second)
+		_, err = runlease.ClaimSlots(t.Context(), s, "r2", scopes, opts...)
+		require.ErrorIs(t, err, runlease.ErrConcurrencyLimit, "renewed past the first deadline")
+		require.NoError(t, sl.Release(t.Context()))
+		assert.Empty(t, rows(t, s), "released slots are deleted")
+		_, err = runlease.ClaimSlots(t.Context(), s, "r2", scopes, opts...)
+		require.NoError(t, err)
+	})
+
+	t.Run("slot_rows_match_the_reference", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		_, err := runlease.ClaimSlots(t.Context(), s, "r1",
+			[]runlease.Scope{runlease.MemScope(4), runlease.PrincipalScope("alice", 2)},
+			runlease.WithClock(clk.Now), runlease.WithTTL(time.Minute))
+		require.NoError(t, err)
+		row := `{"holder":"r1","fence":0,"until_ms":` + strconv.FormatInt(epoch.Add(time.Minute).UnixMilli(), 10) + `}`
+		assert.Equal(t, []runlease.Row{
+			{Key: "runslot:mem:0", Value: row},
+			{Key: "runslot:principal:alice:0", Value: row},
+		}, rows(t, s))
+	})
+
+	t.Run("a_corrupt_slot_row_is_refused_and_kept", func(t *testing.T) {
+		t.Parallel()
+		s := newSQLite(t)
+		put(t, s, "runslot:mem:0", "{oops")
+		_, err := runlease.ClaimSlots(t.Context(), s, "r1", []runlease.Scope{runlease.MemScope(3)})
+		require.ErrorIs(t, err, runlease.ErrCorruptRow)
+		assert.Equal(t, []runlease.Row{{Key: "runslot:mem:0", Value: "{oops"}}, rows(t, s))
+		occ, err := runlease.Occupancy(t.Context(), s)
+		require.NoError(t, err)
+		require.Len(t, occ, 1)
+		assert.True(t, occ[0].Corrupt, "status shows the blocked slot")
+	})
+
+	t.Run("a_longer_scope_name_sharing_the_prefix_is_not_counted", func(t *testing.T) {
+		t.Parallel()
+		s := newSQLite(t)
+		_, err := runlease.ClaimSlots(t.Context(), s, "r1", []runlease.Scope{runlease.PrincipalScope("a:x", 1)})
+		require.NoError(t, err)
+		_, err = runlease.ClaimSlots(t.Context(), s, "r2", []runlease.Scope{runlease.PrincipalScope("a", 1)})
+		require.NoError(t, err, `"principal:a:x:0" is not a slot of "principal:a"`)
+	})
+}
+
+func TestSlotCapHoldsUnderRaces(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	const limit, workers, claims = 3, 16, 200
+	scopes := []runlease.Scope{runlease.MemScope(limit)}
+	var holding, peak atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range claims {
+				runID := "w" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
+				sl, err := runlease.ClaimSlots(context.Background(), s, runID, scopes)
+				if errors.Is(err, runlease.ErrConcurrencyLimit) {
+					continue
+				}
+				if !assert.NoError(t, err) {
+					return
+				}
+				n := holding.Add(1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				holding.Add(-1) // stop counting before the release can let another in
+				assert.NoError(t, sl.Release(context.Background()))
+			}
+		})
+	}
+	wg.Wait()
+	assert.LessOrEqual(t, peak.Load(), int64(limit), "more holders than the limit at once")
+	assert.Positive(t, peak.Load())
+	assert.Empty(t, rows(t, s), "every slot released")
+}
+
+func TestClaimCostDoesNotGrowWithTheLimit(t *testing.T) {
+	t.Parallel()
+	for _, limit := range []int{1, 10, 1000} {
+		t.Run(strconv.Itoa(limit), func(t *testing.T) {
+			t.Parallel()
+			s := newSQLite(t)
+			scopes := []runlease.Scope{runlease.NamedScope("big", limit)}
+			for i := range limit - 1 {
+				put(t, s, "runslot:big:"+strconv.Itoa(i),
+					`{"holder":"h`+strconv.Itoa(i)+`","fence":0,"until_ms":`+strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)+`}`)
+			}
+			c := &testkit.Counting{Store: s}
+			sl, err := runlease.ClaimSlots(t.Context(), c, "last", scopes)
+			require.NoError(t, err)
+			assert.Equal(t, limit-1, sl.Held()[0].Slot, "the one free slot")
+			assert.Equal(t, int64(1), c.Scans.Load(), "one scan per scope")
+			assert.Equal(t, int64(1), c.CASes.Load(), "one write")
+			assert.Equal(t, int64(2), c.Total())
+
+			c.Reset()
+			_, err = runlease.ClaimSlots(t.Context(), c, "one-too-many", scopes)
+			require.ErrorIs(t, err, runlease.ErrConcurrencyLimit)
+			assert.Equal(t, int64(1), c.Total(), "a refusal is one scan")
+		})
+	}
+}
+
+func TestSlotsBadInputIsRefusedAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		runID  string
+		scopes []runlease.Scope
+	}{
+		{"empty_run_id", "", []runlease.Scope{runlease.MemScope(1)}},
+		{"nul_in_run_id", "r\x00", []runlease.Scope{runlease.MemScope(1)}},
+		{"invalid_utf8_run_id", "\xff", []runlease.Scope{runlease.MemScope(1)}},
+		{"colon_in_scope_name", "r1", []runlease.Scope{runlease.NamedScope("a:b", 1)}},
+		{"percent_in_scope_name", "r1", []runlease.Scope{runlease.NamedScope("a%", 1)}},
+		{"underscore_in_scope_name", "r1", []runlease.Scope{runlease.NamedScope("a_b", 1)}},
+		{"empty_scope_name", "r1", []runlease.Scope{runlease.NamedScope("", 1)}},
+		{"zero_scope", "r1", []runlease.Scope{{}}},
+		{"limit_zero", "r1", []runlease.Scope{runlease.MemScope(0)}},
+		{"limit_negative", "r1", []runlease.Scope{runlease.MemScope(-3)}},
+		{"limit_too_large", "r1", []runlease.Scope{runlease.MemScope(runlease.MaxSlotLimit + 1)}},
+		{"nul_in_principal", "r1", []runlease.Scope{runlease.PrincipalScope("a\x00", 1)}},
+		{"invalid_utf8_principal", "r1", []runlease.Scope{runlease.PrincipalScope("\xc3", 1)}},
+		{"empty_principal", "r1", []runlease.Scope{runlease.PrincipalScope("", 1)}},
+		{"scope_listed_twice", "r1", []runlease.Scope{runlease.MemScope(1), runlease.MemScope(2)}},
+		{"bad_scope_after_a_good_one", "r1", []runlease.Scope{runlease.MemScope(1), runlease.NamedScope("x_y", 1)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSQLite(t)
+			_, err := runlease.ClaimSlots(t.Context(), s, tc.runID, tc.scopes)
+			require.ErrorIs(t, err, runlease.ErrInvalidArgument)
+			assert.Equal(t, "RUN-E001", runlease.Code(err))
+			assert.Empty(t, rows(t, s))
+		})
+	}
+	_, err := runlease.ClaimSlots(t.Context(), newSQLite(t), "r1", []runlease.Scope{runlease.MemScope(1)},
+		runlease.WithTTL(time.Second))
+	require.ErrorIs(t, err, runlease.ErrInvalidArgument, "a TTL below the minimum")
+}
+
+func TestOccupancyListsLiveSlots(t *testing.T) {
+	t.Parallel()
+	s, clk := newSQLite(t), testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithTTL(time.Minute), runlease.WithClock(clk.Now)}
+	_, err := runlease.ClaimSlots(t.Context(), s, "r1", []runlease.Scope{runlease.MemScope(2), runlease.PrincipalScope("bob", 1)}, opts...)
+	require.NoError(t, err)
+	clk.Advance(30 * time.Second)
+	_, err = runlease.ClaimSlots(t.Context(), s, "r2", []runlease.Scope{runlease.MemScope(2)}, opts...)
+	require.NoError(t, err)
+
+	occ, err := runlease.Occupancy(t.Context(), s, runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	assert.Equal(t, []runlease.SlotInfo{
+		{Scope: "mem", Slot: 0, RunID: "r1", Until: epoch.Add(time.Minute), Key: "runslot:mem:0"},
+		{Scope: "mem", Slot: 1, RunID: "r2", Until: epoch.Add(90 * time.Second), Key: "runslot:mem:1"},
+		{Scope: "principal:bob", Slot: 0, RunID: "r1", Until: epoch.Add(time.Minute), Key: "runslot:principal:bob:0"},
+	}, occ)
+
+	clk.Advance(30 * time.Second)
+	occ, err = runlease.Occupancy(t.Context(), s, runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	require.Len(t, occ, 1, "r1's slots expired")
+	assert.Equal(t, "r2", occ[0].RunID)
+}
