@@ -39,16 +39,16 @@ const (
 // exactly one of them with [errors.Is] (a storage fault caused by a context
 // also matches the context's error).
 var (
-	ErrInvalidArgument error = &codedError{CodeInvalidArgument, "invalid argument"}
-	ErrCorruptRow error = &codedError{CodeCorruptRow, "corrupt row"}
-	ErrFenceExhausted error = &codedError{CodeFenceExhausted, "fence exhausted"}
-	ErrStoreLocked error = &codedError{CodeStoreLocked, "store locked by another opener"}
-	ErrStorage error = &codedError{CodeStorage, "storage fault"}
-	ErrSchemaMismatch error = &codedError{CodeSchemaMismatch, "schema mismatch"}
-	ErrStoreClosed error = &codedError{CodeStoreClosed, "store closed"}
-	ErrLeaseLost error = &codedError{CodeLeaseLost, "lease lost"}
+	ErrInvalidArgument  error = &codedError{CodeInvalidArgument, "invalid argument"}
+	ErrCorruptRow       error = &codedError{CodeCorruptRow, "corrupt row"}
+	ErrFenceExhausted   error = &codedError{CodeFenceExhausted, "fence exhausted"}
+	ErrStoreLocked      error = &codedError{CodeStoreLocked, "store locked by another opener"}
+	ErrStorage          error = &codedError{CodeStorage, "storage fault"}
+	ErrSchemaMismatch   error = &codedError{CodeSchemaMismatch, "schema mismatch"}
+	ErrStoreClosed      error = &codedError{CodeStoreClosed, "store closed"}
+	ErrLeaseLost        error = &codedError{CodeLeaseLost, "lease lost"}
 	ErrConcurrencyLimit error = &codedError{CodeConcurrencyLimit, "concurrency limit reached"}
-	ErrSlotLost error = &codedError{CodeSlotLost, "slot lost"}
+	ErrSlotLost         error = &codedError{CodeSlotLost, "slot lost"}
 
 	// ErrOutcomeUnknown matches a [StorageError] whose write may or may not
 	// have been applied (a timeout or a reset after the request was sent).
@@ -89,7 +89,7 @@ func (e *ArgumentError) Error() string {
 }
 
 // Code returns [CodeInvalidArgument].
-func (e *ArgumentError) Code() string        { return CodeInvalidArgument }
+func (e *ArgumentError) Code() string         { return CodeInvalidArgument }
 func (e *ArgumentError) Is(target error) bool { return target == ErrInvalidArgument }
 
 func invalidArg(arg, format string, a ...any) error {
@@ -110,7 +110,7 @@ func (e *CorruptRowError) Error() string {
 }
 
 // Code returns [CodeCorruptRow].
-func (e *CorruptRowError) Code() string        { return CodeCorruptRow }
+func (e *CorruptRowError) Code() string         { return CodeCorruptRow }
 func (e *CorruptRowError) Is(target error) bool { return target == ErrCorruptRow }
 func (e *CorruptRowError) Unwrap() error        { return e.Err }
 
@@ -171,7 +171,7 @@ func (e *StoreLockedError) Error() string {
 }
 
 // Code returns [CodeStoreLocked].
-func (e *StoreLockedError) Code() string        { return CodeStoreLocked }
+func (e *StoreLockedError) Code() string         { return CodeStoreLocked }
 func (e *StoreLockedError) Is(target error) bool { return target == ErrStoreLocked }
 
 // LeaseLostError reports that a lease is held by someone else, or was. It is
@@ -197,7 +197,7 @@ func (e *LeaseLostError) Error() string {
 }
 
 // Code returns [CodeLeaseLost].
-func (e *LeaseLostError) Code() string        { return CodeLeaseLost }
+func (e *LeaseLostError) Code() string         { return CodeLeaseLost }
 func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
 
 // ConcurrencyLimitError reports that every slot of a scope was held. It
@@ -212,7 +212,7 @@ func (e *ConcurrencyLimitError) Error() string {
 }
 
 // Code returns [CodeConcurrencyLimit].
-func (e *ConcurrencyLimitError) Code() string        { return CodeConcurrencyLimit }
+func (e *ConcurrencyLimitError) Code() string         { return CodeConcurrencyLimit }
 func (e *ConcurrencyLimitError) Is(target error) bool { return target == ErrConcurrencyLimit }
 
 // SlotLostError reports held slots that another run has taken since they were
@@ -227,5 +227,5 @@ func (e *SlotLostError) Error() string {
 }
 
 // Code returns [CodeSlotLost].
-func (e *SlotLostError) Code() string        { return CodeSlotLost }
+func (e *SlotLostError) Code() string         { return CodeSlotLost }
 func (e *SlotLostError) Is(target error) bool { return target == ErrSlotLost }
