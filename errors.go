@@ -174,31 +174,60 @@ func (e *StoreLockedError) Error() string {
 func (e *StoreLockedError) Code() string         { return CodeStoreLocked }
 func (e *StoreLockedError) Is(target error) bool { return target == ErrStoreLocked }
 
+// Why a lease was lost. Each is the Cause of a [*LeaseLostError], and an
+// error with that cause matches both the cause and [ErrLeaseLost] with
+// [errors.Is].
+var (
+	// ErrTakenOver: another holder holds the lease, or held it since this
+	// lease last wrote (Holder and Fence name it). Acquire reports it for a
+	// live lease of another holder.
+	ErrTakenOver = errors.New("held by another holder")
+	// ErrRowChanged: the lease row changed under this lease in a way that
+	// names no holder (it was deleted, or no longer parses).
+	ErrRowChanged = errors.New("lease row changed by another writer")
+	// ErrReleased: the lease was released, by this holder or by an operator.
+	ErrReleased = errors.New("lease released")
+	// ErrTrustExpired: no renewal succeeded before the holder's trust window
+	// ran out (the store was unreachable or slow), so the holder must stop
+	// even though the row may still name it: a contender may take over as
+	// soon as the lease expires. Err holds the last storage fault.
+	ErrTrustExpired = errors.New("no renewal succeeded within the trust window")
+)
+
 // LeaseLostError reports that a lease is held by someone else, or was. It is
-// returned by Acquire when a live lease is held elsewhere, and by Renew and
-// fenced writes once another driver has written the row. Holder, Fence and
-// Until describe the row found, when it was read; Holder is empty when the
-// lease was released. It matches [ErrLeaseLost].
+// returned by Acquire when a live lease is held elsewhere, by Renew and
+// fenced writes once another driver has written the row, and by a [Keeper]
+// whose lease is lost. Cause says why (one of [ErrTakenOver],
+// [ErrRowChanged], [ErrReleased], [ErrTrustExpired]); Holder, Fence and
+// Until describe the row found, when it was read (Holder is empty when the
+// lease was released). It matches [ErrLeaseLost] and its Cause.
 type LeaseLostError struct {
 	RunID  string
-	Reason string    // short cause: "held by another holder", "row changed", "released", …
+	Cause  error
 	Holder string    // the current holder, when known
 	Fence  uint64    // the current fence, when known
 	Until  time.Time // the current expiry, when known: when takeover becomes possible
+	Err    error     // the underlying fault, for ErrTrustExpired
 }
 
 func (e *LeaseLostError) Error() string {
-	msg := fmt.Sprintf("%s: lease on run %q lost: %s", CodeLeaseLost, e.RunID, e.Reason)
+	msg := fmt.Sprintf("%s: lease on run %q lost: %v", CodeLeaseLost, e.RunID, e.Cause)
 	if e.Holder != "" {
 		msg += fmt.Sprintf(" (holder %q, fence %d, until %s)", e.Holder, e.Fence,
 			e.Until.UTC().Format(time.RFC3339Nano))
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
 	}
 	return msg
 }
 
 // Code returns [CodeLeaseLost].
-func (e *LeaseLostError) Code() string         { return CodeLeaseLost }
-func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
+func (e *LeaseLostError) Code() string { return CodeLeaseLost }
+func (e *LeaseLostError) Is(target error) bool {
+	return target == ErrLeaseLost || (target != nil && target == e.Cause)
+}
+func (e *LeaseLostError) Unwrap() error { return e.Err }
 
 // ConcurrencyLimitError reports that every slot of a scope was held. It
 // matches [ErrConcurrencyLimit].

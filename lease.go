@@ -32,6 +32,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 )
@@ -52,6 +53,11 @@ type Lease struct {
 	seen  string // the exact row this lease last wrote: what a renewal must present
 	until time.Time
 	lost  error // sticky once the row is known to belong to someone else
+	// released is set once this lease released itself.
+	released bool
+	// unsure holds rows written by calls whose outcome stayed unknown: any
+	// of them may be what the store holds now.
+	unsure []string
 }
 
 // Acquire takes the lease on runID for holder, or fails with a
@@ -96,7 +102,8 @@ func Acquire(ctx context.Context, store Store, runID, holder string, opts ...Opt
 		}
 	}
 	if err == errNotWritten {
-		return nil, l.lostError(ctx, "another driver acquired it first")
+		lost, _ := l.lostError(ctx)
+		return nil, lost
 	}
 	if err != nil {
 		return nil, err
@@ -105,7 +112,7 @@ func Acquire(ctx context.Context, store Store, runID, holder string, opts ...Opt
 }
 
 // errNotWritten is write's report that a conditional write lost its race.
-var errNotWritten = &LeaseLostError{Reason: "row changed"}
+var errNotWritten = &LeaseLostError{Cause: ErrRowChanged}
 
 // takeOver writes the next fence over raw, the row just read, unless a live
 // lease of another holder is in it.
@@ -115,7 +122,7 @@ func (l *Lease) takeOver(ctx context.Context, raw string) error {
 		return corruptRow(l.key, raw, err)
 	}
 	if row.live(l.o.nowMS()) && row.Holder != l.holder {
-		return &LeaseLostError{RunID: l.runID, Reason: "held by another holder",
+		return &LeaseLostError{RunID: l.runID, Cause: ErrTakenOver,
 			Holder: row.Holder, Fence: row.Fence, Until: row.until()}
 	}
 	if row.Fence == math.MaxUint64 {
@@ -141,22 +148,55 @@ func (l *Lease) write(ctx context.Context, expected *string, fence uint64) error
 	return nil
 }
 
-// lostError reads the row to say who holds the lease now. The read is only
-// for the message: if it fails, the error says less.
-func (l *Lease) lostError(ctx context.Context, reason string) error {
-	e := &LeaseLostError{RunID: l.runID, Reason: reason}
+// lostError reads the row to say who holds the lease now, and returns the
+// row read ("" when it could not be read). The read only makes the error say
+// more; if it fails, the cause is ErrRowChanged.
+func (l *Lease) lostError(ctx context.Context) (*LeaseLostError, string) {
+	e := &LeaseLostError{RunID: l.runID, Cause: ErrRowChanged}
 	raw, found, err := l.store.MetaGet(ctx, l.key)
 	if err != nil || !found {
-		return e
+		return e, ""
 	}
 	if row, err := decodeRow(raw); err == nil {
 		e.Holder, e.Fence, e.Until = row.Holder, row.Fence, row.until()
+		e.Cause = ErrTakenOver
 		if row.Holder == "" {
-			e.Reason += "; since released"
+			e.Cause = ErrReleased
 		}
 	}
-	return e
+	return e, raw
 }
+
+// swap writes next over the row this lease last wrote, and on success makes
+// it the row to present next time. A row from an earlier call whose outcome
+// stayed unknown counts as this lease's own: if the store holds it, swap
+// adopts it and tries again, so a lost reply never turns into a false loss.
+func (l *Lease) swap(ctx context.Context, next string) error {
+	for {
+		ok, err := casResolved(ctx, l.store, l.key, &l.seen, next)
+		if err != nil {
+			if IsOutcomeUnknown(err) && len(l.unsure) < maxUnsure {
+				l.unsure = append(l.unsure, next)
+			}
+			return err
+		}
+		if ok {
+			l.seen, l.unsure = next, l.unsure[:0]
+			return nil
+		}
+		lost, cur := l.lostError(ctx)
+		if cur == "" || !slices.Contains(l.unsure, cur) {
+			l.lost = lost
+			return lost
+		}
+		l.seen, l.unsure = cur, l.unsure[:0]
+	}
+}
+
+// maxUnsure bounds how many writes of unknown outcome a lease remembers.
+// More in a row than this means the store has been failing for several
+// renewal intervals, by which time the trust window has run out anyway.
+const maxUnsure = 8
 
 // RunID returns the run this lease is for.
 func (l *Lease) RunID() string { return l.runID }
@@ -195,13 +235,12 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if l.lost != nil {
 		return l.lost
 	}
-	seen := l.seen
-	err := l.write(ctx, &seen, l.fence)
-	if err == errNotWritten {
-		l.lost = l.lostError(ctx, "the row was changed by another writer")
-		return l.lost
+	row := leaseRow{Holder: l.holder, Fence: l.fence, UntilMS: l.o.nowMS() + l.o.ttl.Milliseconds()}
+	if err := l.swap(ctx, row.encode()); err != nil {
+		return err
 	}
-	return err
+	l.until = row.until()
+	return nil
 }
 
 // Release gives the lease up, so the next driver can start at once rather
@@ -216,27 +255,19 @@ func (l *Lease) Renew(ctx context.Context) error {
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.lost == errReleased {
+	if l.released {
 		return nil
 	}
 	if l.lost != nil {
 		return l.lost
 	}
-	tomb := leaseRow{Fence: l.fence, UntilMS: l.o.nowMS()}.encode()
-	ok, err := casResolved(ctx, l.store, l.key, &l.seen, tomb)
-	if err != nil {
+	if err := l.swap(ctx, leaseRow{Fence: l.fence, UntilMS: l.o.nowMS()}.encode()); err != nil {
 		return err
 	}
-	if !ok {
-		l.lost = l.lostError(ctx, "the row was changed by another writer")
-		return l.lost
-	}
-	l.lost, l.seen = errReleased, tomb
+	l.released = true
+	l.lost = &LeaseLostError{RunID: l.runID, Cause: ErrReleased, Fence: l.fence}
 	return nil
 }
-
-// errReleased is what a released lease reports from Renew.
-var errReleased error = &LeaseLostError{Reason: "released by this holder"}
 
 // LeaseInfo describes the lease row of a run, as [Peek] reads it.
 type LeaseInfo struct {

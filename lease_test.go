@@ -384,6 +384,23 @@ func TestUnknownOutcomesAreResolvedByReading(t *testing.T) {
 		require.NoError(t, l.Renew(ctx), "the next renewal presents the row that landed")
 	})
 
+	t.Run("a_renewal_whose_outcome_stayed_unknown_is_not_a_later_loss", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newFaulty(t)
+		l, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		for range 3 { // applied each time, but neither the reply nor a read-back got through
+			clk.Advance(time.Second)
+			s.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+			s.FailReads(1)
+			require.ErrorIs(t, l.Renew(ctx), runlease.ErrOutcomeUnknown)
+		}
+		clk.Advance(time.Second)
+		require.NoError(t, l.Renew(ctx), "the row that landed is recognised as this lease's own")
+		assert.Equal(t, clk.Now().Add(runlease.DefaultTTL), l.Expiry())
+		require.NoError(t, l.Release(ctx))
+	})
+
 	t.Run("a_renewal_refused_before_sending_is_not_resolved", func(t *testing.T) {
 		t.Parallel()
 		s, clk := newFaulty(t)

@@ -88,6 +88,39 @@ type Faulty struct {
 	runlease.Store
 	mu     sync.Mutex
 	faults []Fault // consumed by writes in order; when empty, writes pass through
+	reads  int     // how many of the next reads fail
+}
+
+// FailReads makes the next n reads fail with a storage error, as a store
+// that is unreachable does.
+func (f *Faulty) FailReads(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reads = n
+}
+
+func (f *Faulty) failRead() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.reads == 0 {
+		return false
+	}
+	f.reads--
+	return true
+}
+
+func (f *Faulty) MetaGet(ctx context.Context, key string) (string, bool, error) {
+	if f.failRead() {
+		return "", false, NotApplied("MetaGet")
+	}
+	return f.Store.MetaGet(ctx, key)
+}
+
+func (f *Faulty) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, error) {
+	if f.failRead() {
+		return nil, NotApplied("MetaScan")
+	}
+	return f.Store.MetaScan(ctx, prefix)
 }
 
 // Next queues faults for the next writes.
