@@ -55,6 +55,10 @@ type Lease struct {
 	lost  error // sticky once the row is known to belong to someone else
 	// released is set once this lease released itself.
 	released bool
+	// trustFrom is when, on this process's monotonic clock, the last
+	// successful write of this lease started: the row's expiry is at least
+	// TTL after it, which is what a Keeper's trust window counts from.
+	trustFrom time.Time
 	// unsure holds rows written by calls whose outcome stayed unknown: any
 	// of them may be what the store holds now.
 	unsure []string
@@ -75,7 +79,7 @@ type Lease struct {
 // written. A storage fault is returned as a [*StorageError]; when its outcome
 // was unknown, Acquire reads the row back and reports the truth.
 func Acquire(ctx context.Context, store Store, runID, holder string, opts ...Option) (*Lease, error) {
-	o, err := buildOptions(opts)
+	o, err := buildOptions(store, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -86,15 +90,29 @@ func Acquire(ctx context.Context, store Store, runID, holder string, opts ...Opt
 		return nil, err
 	}
 	l := &Lease{store: store, runID: runID, key: LeasePrefix + runID, holder: holder, o: o}
+	start := time.Now()
+	err = l.acquire(ctx)
+	if h := o.hooks.Acquired; h != nil {
+		h(AcquireEvent{RunID: runID, Holder: holder, Fence: l.fence, Latency: time.Since(start), Err: err})
+	}
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// acquire writes the lease row: create-if-absent first, then over the row
+// read, a few times while the row keeps changing under it.
+func (l *Lease) acquire(ctx context.Context) error {
 
 	// A run id with no row yet is the common case for new runs: try to
 	// create the row first, which costs one round trip when it works.
-	err = l.write(ctx, nil, 1)
+	err := l.write(ctx, nil, 1)
 	for try := 0; err == errNotWritten && try < 8; try++ {
-		raw, found, rerr := store.MetaGet(ctx, l.key)
+		raw, found, rerr := l.store.MetaGet(ctx, l.key)
 		switch {
 		case rerr != nil:
-			return nil, rerr
+			return rerr
 		case !found: // released rows are kept, so this is rare: the row was pruned
 			err = l.write(ctx, nil, 1)
 		default:
@@ -103,12 +121,9 @@ func Acquire(ctx context.Context, store Store, runID, holder string, opts ...Opt
 	}
 	if err == errNotWritten {
 		lost, _ := l.lostError(ctx)
-		return nil, lost
+		return lost
 	}
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
+	return err
 }
 
 // errNotWritten is write's report that a conditional write lost its race.
@@ -135,6 +150,7 @@ func (l *Lease) takeOver(ctx context.Context, raw string) error {
 // expected, and records it on success. It returns errNotWritten when the
 // condition did not hold.
 func (l *Lease) write(ctx context.Context, expected *string, fence uint64) error {
+	start := time.Now()
 	row := leaseRow{Holder: l.holder, Fence: fence, UntilMS: l.o.nowMS() + l.o.ttl.Milliseconds()}
 	enc := row.encode()
 	ok, err := casResolved(ctx, l.store, l.key, expected, enc)
@@ -144,7 +160,7 @@ func (l *Lease) write(ctx context.Context, expected *string, fence uint64) error
 	if !ok {
 		return errNotWritten
 	}
-	l.fence, l.seen, l.until = fence, enc, row.until()
+	l.fence, l.seen, l.until, l.trustFrom = fence, enc, row.until(), start
 	return nil
 }
 
@@ -198,6 +214,13 @@ func (l *Lease) swap(ctx context.Context, next string) error {
 // renewal intervals, by which time the trust window has run out anyway.
 const maxUnsure = 8
 
+// state returns what a Keeper needs to know of the lease at once.
+func (l *Lease) state() (trustFrom time.Time, lost error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.trustFrom, l.lost
+}
+
 // RunID returns the run this lease is for.
 func (l *Lease) RunID() string { return l.runID }
 
@@ -235,11 +258,12 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if l.lost != nil {
 		return l.lost
 	}
+	start := time.Now()
 	row := leaseRow{Holder: l.holder, Fence: l.fence, UntilMS: l.o.nowMS() + l.o.ttl.Milliseconds()}
 	if err := l.swap(ctx, row.encode()); err != nil {
 		return err
 	}
-	l.until = row.until()
+	l.until, l.trustFrom = row.until(), start
 	return nil
 }
 
@@ -286,7 +310,7 @@ type LeaseInfo struct {
 // the [WithClock] option matters to Peek: it judges Live.
 func Peek(ctx context.Context, store Store, runID string, opts ...Option) (LeaseInfo, error) {
 	info := LeaseInfo{RunID: runID}
-	o, err := buildOptions(opts)
+	o, err := buildOptions(store, opts)
 	if err != nil {
 		return info, err
 	}

@@ -3,6 +3,7 @@ package runlease
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -34,6 +35,14 @@ type Option func(*options)
 type options struct {
 	ttl time.Duration
 	now func() time.Time
+	// uncertainty is how far now may be from the store's clock.
+	uncertainty time.Duration
+
+	// Read by Keep only.
+	interval, margin time.Duration
+	slots            *Slots
+	hooks            Hooks
+	logger           *slog.Logger
 }
 
 // WithTTL sets how long the lease or slots stay held without renewal. The
@@ -45,23 +54,43 @@ func WithTTL(ttl time.Duration) Option {
 }
 
 // WithClock sets the clock that stamps and judges expiry, in place of the
-// local wall clock. Every party sharing a store must judge expiry by the
-// same clock; tests use this to move time without sleeping.
+// store's clock (see [Clock]) or, for a store without one, the local wall
+// clock. Every party sharing a store must judge expiry by the same clock;
+// tests use this to move time without sleeping. It must advance at the rate
+// of real time for a [Keeper]'s trust window to hold.
 func WithClock(now func() time.Time) Option {
-	return func(o *options) { o.now = now }
+	return func(o *options) {
+		o.now = now
+		if o.now == nil { // refused by buildOptions
+			o.now = func() time.Time { return time.Time{} }
+			o.uncertainty = -1
+		}
+	}
 }
 
-func buildOptions(opts []Option) (options, error) {
-	o := options{ttl: DefaultTTL, now: time.Now}
+// buildOptions applies opts over the defaults, taking the clock from store
+// when it has one and no clock was given.
+func buildOptions(store Store, opts []Option) (options, error) {
+	o := options{ttl: DefaultTTL}
+	if store == nil {
+		return o, invalidArg("store", "nil")
+	}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
 		}
 	}
+	if o.now == nil {
+		o.now = time.Now
+		if c, ok := store.(Clock); ok {
+			o.now = func() time.Time { t, _ := c.ClockNow(); return t }
+			_, o.uncertainty = c.ClockNow()
+		}
+	}
 	if o.ttl < MinTTL || o.ttl > MaxTTL {
 		return o, invalidArg("ttl", "%v is outside [%v, %v]", o.ttl, MinTTL, MaxTTL)
 	}
-	if o.now == nil {
+	if o.uncertainty < 0 {
 		return o, invalidArg("clock", "nil")
 	}
 	return o, nil

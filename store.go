@@ -3,6 +3,7 @@ package runlease
 import (
 	"context"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -75,6 +76,18 @@ type Store interface {
 	// it as a range scan from prefix (inclusive) to [PrefixEnd] of prefix
 	// (exclusive).
 	MetaScan(ctx context.Context, prefix string) ([]Row, error)
+}
+
+// Clock is an optional capability of a Store: the clock by which everyone
+// sharing the store judges expiry. When a Store implements it, leases and
+// slots stamp and judge expiry with it rather than with each node's local
+// clock, so nodes whose clocks disagree still agree on who holds a lease.
+// ([WithClock] overrides it, for tests.)
+type Clock interface {
+	// ClockNow returns the store's current time, without I/O, and how far
+	// that reading may be from the store's true time. It must be safe for
+	// concurrent use and cheap enough to call on every lease operation.
+	ClockNow() (now time.Time, uncertainty time.Duration)
 }
 
 // CheckKey returns an [ErrInvalidArgument] error when key is not a key a

@@ -89,6 +89,21 @@ type Faulty struct {
 	mu     sync.Mutex
 	faults []Fault // consumed by writes in order; when empty, writes pass through
 	reads  int     // how many of the next reads fail
+	down   bool    // every call fails
+}
+
+// SetDown makes every call fail, as an unreachable store does: writes with
+// an unknown outcome (they time out after sending), reads not applied.
+func (f *Faulty) SetDown(down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = down
+}
+
+func (f *Faulty) isDown() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.down
 }
 
 // FailReads makes the next n reads fail with a storage error, as a store
@@ -102,6 +117,9 @@ func (f *Faulty) FailReads(n int) {
 func (f *Faulty) failRead() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.down {
+		return true
+	}
 	if f.reads == 0 {
 		return false
 	}
@@ -153,6 +171,9 @@ func NotApplied(op string) error {
 }
 
 func (f *Faulty) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
+	if f.isDown() {
+		return false, Unknown("MetaCAS")
+	}
 	ft, ok := f.next()
 	if !ok {
 		return f.Store.MetaCAS(ctx, key, expected, value)
@@ -171,6 +192,9 @@ func (f *Faulty) MetaCAS(ctx context.Context, key string, expected *string, valu
 }
 
 func (f *Faulty) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
+	if f.isDown() {
+		return false, Unknown("MetaDelete")
+	}
 	ft, ok := f.next()
 	if !ok {
 		return f.Store.MetaDelete(ctx, key, expected)

@@ -1,0 +1,316 @@
+package runlease_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
+)
+
+// bubbleStore opens an embedded store inside a synctest bubble and closes it
+// before the bubble ends, so that its goroutines belong to the bubble.
+func bubbleStore(t *testing.T) *runlease.SQLiteStore {
+	t.Helper()
+	s, err := runlease.OpenSQLite(filepath.Join(t.TempDir(), "runs.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// events records hook calls.
+type events struct {
+	mu      sync.Mutex
+	renewed []runlease.RenewEvent
+	lost    []runlease.LossEvent
+	slots   []runlease.SlotLossEvent
+}
+
+func (e *events) hooks() runlease.Hooks {
+	return runlease.Hooks{
+		Renewed: func(ev runlease.RenewEvent) { e.mu.Lock(); e.renewed = append(e.renewed, ev); e.mu.Unlock() },
+		Lost:    func(ev runlease.LossEvent) { e.mu.Lock(); e.lost = append(e.lost, ev); e.mu.Unlock() },
+		SlotsLost: func(ev runlease.SlotLossEvent) {
+			e.mu.Lock()
+			e.slots = append(e.slots, ev)
+			e.mu.Unlock()
+		},
+	}
+}
+
+func (e *events) counts() (renewed, failed, lost int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, r := range e.renewed {
+		if r.Err != nil {
+			failed++
+		}
+	}
+	return len(e.renewed), failed, len(e.lost)
+}
+
+func TestKeeper(t *testing.T) {
+	t.Parallel()
+	five := runlease.WithTTL(5 * time.Second)
+
+	t.Run("a_5s_ttl_survives_a_60s_superstep", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleStore(t)
+			ev := &events{}
+			l, err := runlease.Acquire(t.Context(), s, "r1", "A", five, runlease.WithHooks(ev.hooks()))
+			require.NoError(t, err)
+			k, err := runlease.Keep(t.Context(), l)
+			require.NoError(t, err)
+
+			time.Sleep(60 * time.Second) // the superstep: a long tool call
+			require.NoError(t, k.Err())
+			require.NoError(t, k.Context().Err(), "the work context is still live")
+			_, err = runlease.Acquire(t.Context(), s, "r1", "B", five)
+			require.ErrorIs(t, err, runlease.ErrLeaseLost, "a contender is still refused")
+			renewed, failed, _ := ev.counts()
+			assert.Equal(t, 0, failed)
+			assert.GreaterOrEqual(t, renewed, 60*3/5-1, "about every TTL/3")
+			assert.True(t, l.Expiry().After(time.Now()))
+
+			k.Stop()
+			require.ErrorIs(t, k.Err(), runlease.ErrKeeperStopped)
+			info, err := runlease.Peek(t.Context(), s, "r1")
+			require.NoError(t, err)
+			assert.True(t, info.Live, "stopping does not release")
+		})
+	})
+
+	t.Run("a_lost_lease_cancels_the_work_context_with_the_reason", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleStore(t)
+			ev := &events{}
+			l, err := runlease.Acquire(t.Context(), s, "r1", "A", five)
+			require.NoError(t, err)
+			k, err := runlease.Keep(t.Context(), l, runlease.WithHooks(ev.hooks()))
+			require.NoError(t, err)
+
+			// Another writer replaces the row, as a takeover after a pause would.
+			cur := get(t, s, "runlease:r1")
+			ok, err := s.MetaCAS(t.Context(), "runlease:r1", &cur, `{"holder":"B","fence":9,"until_ms":1}`)
+			require.NoError(t, err)
+			require.True(t, ok)
+
+			<-k.Done()
+			err = k.Err()
+			require.ErrorIs(t, err, runlease.ErrLeaseLost)
+			require.ErrorIs(t, err, runlease.ErrTakenOver)
+			var lost *runlease.LeaseLostError
+			require.ErrorAs(t, err, &lost)
+			assert.Equal(t, "B", lost.Holder)
+			assert.Equal(t, uint64(9), lost.Fence)
+			assert.Equal(t, err, context.Cause(k.Context()))
+			synctest.Wait()
+			_, _, nlost := ev.counts()
+			assert.Equal(t, 1, nlost, "the Lost hook fires once")
+		})
+	})
+
+	t.Run("an_operator_release_is_reported_as_released", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleStore(t)
+			l, err := runlease.Acquire(t.Context(), s, "r1", "A", five)
+			require.NoError(t, err)
+			k, err := runlease.Keep(t.Context(), l)
+			require.NoError(t, err)
+			cur := get(t, s, "runlease:r1")
+			_, err = s.MetaCAS(t.Context(), "runlease:r1", &cur, `{"holder":"","fence":1,"until_ms":0}`)
+			require.NoError(t, err)
+			<-k.Done()
+			require.ErrorIs(t, k.Err(), runlease.ErrReleased)
+		})
+	})
+
+	t.Run("an_unreachable_store_ends_trust_before_the_lease_can_expire", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := &testkit.Faulty{Store: bubbleStore(t)}
+			ev := &events{}
+			l, err := runlease.Acquire(t.Context(), f, "r1", "A", five, runlease.WithHooks(ev.hooks()))
+			require.NoError(t, err)
+			k, err := runlease.Keep(t.Context(), l)
+			require.NoError(t, err)
+			time.Sleep(10 * time.Second) // healthy for a while
+			expiry := l.Expiry()
+
+			f.SetDown(true)
+			<-k.Done()
+			ended := time.Now()
+			require.ErrorIs(t, k.Err(), runlease.ErrTrustExpired)
+			require.ErrorIs(t, k.Err(), runlease.ErrStorage, "the last fault is kept")
+			assert.ErrorIs(t, context.Cause(k.Context()), runlease.ErrTrustExpired)
+			// The holder stopped at least the margin (TTL/10) before anyone
+			// could take over, by the clock that judges expiry.
+			assert.LessOrEqual(t, ended.Add(500*time.Millisecond).UnixMilli(), expiry.UnixMilli())
+			_, failed, nlost := ev.counts()
+			assert.Greater(t, failed, 3, "faults are retried with backoff inside the window")
+			assert.Equal(t, 1, nlost)
+
+			f.SetDown(false)
+			for time.Now().UnixMilli() < expiry.UnixMilli() {
+				_, err = runlease.Acquire(t.Context(), f, "r1", "B", five)
+				require.ErrorIs(t, err, runlease.ErrLeaseLost, "no contender before expiry")
+				time.Sleep(100 * time.Millisecond)
+			}
+			_, err = runlease.Acquire(t.Context(), f, "r1", "B", five)
+			require.NoError(t, err)
+		})
+	})
+
+	t.Run("transient_faults_inside_the_window_are_survived", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := &testkit.Faulty{Store: bubbleStore(t)}
+			ev := &events{}
+			l, err := runlease.Acquire(t.Context(), f, "r1", "A", five)
+			require.NoError(t, err)
+			k, err := runlease.Keep(t.Context(), l, runlease.WithHooks(ev.hooks()))
+			require.NoError(t, err)
+			time.Sleep(2 * time.Second)
+			f.SetDown(true)
+			time.Sleep(2 * time.Second)
+			f.SetDown(false)
+			time.Sleep(20 * time.Second)
+			require.NoError(t, k.Err())
+			_, failed, _ := ev.counts()
+			assert.Positive(t, failed)
+			k.Stop()
+		})
+	})
+
+	t.Run("ending_the_start_context_stops_the_keeper_loudly", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleStore(t)
+			acquireCtx, endRequest := context.WithCancel(t.Context())
+			l, err := runlease.Acquire(acquireCtx, s, "r1", "A", five)
+			require.NoError(t, err)
+			endRequest() // a request-scoped context used to acquire ends: renewal must go on
+
+			runCtx, endRun := context.WithCancelCause(t.Context())
+			k, err := runlease.Keep(runCtx, l)
+			require.NoError(t, err)
+			time.Sleep(30 * time.Second)
+			require.NoError(t, k.Err(), "the acquire context does not end renewal")
+
+			boom := errors.New("shutting down")
+			endRun(boom)
+			<-k.Done()
+			require.ErrorIs(t, k.Err(), runlease.ErrKeeperStopped)
+			require.ErrorIs(t, k.Err(), boom, "the cause is kept")
+			require.ErrorIs(t, context.Cause(k.Context()), boom)
+		})
+	})
+
+	t.Run("slots_are_renewed_beside_and_a_lost_slot_does_not_stop_the_run", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleStore(t)
+			ev := &events{}
+			l, err := runlease.Acquire(t.Context(), s, "r1", "A", five)
+			require.NoError(t, err)
+			sl, err := runlease.ClaimSlots(t.Context(), s, "r1", []runlease.Scope{runlease.MemScope(1)}, five)
+			require.NoError(t, err)
+			k, err := runlease.Keep(t.Context(), l, runlease.KeepSlots(sl), runlease.WithHooks(ev.hooks()))
+			require.NoError(t, err)
+			time.Sleep(30 * time.Second)
+			_, err = runlease.ClaimSlots(t.Context(), s, "r2", []runlease.Scope{runlease.MemScope(1)}, five)
+			require.ErrorIs(t, err, runlease.ErrConcurrencyLimit, "the slot was kept alive")
+
+			cur := get(t, s, "runslot:mem:0")
+			_, err = s.MetaCAS(t.Context(), "runslot:mem:0", &cur, `{"holder":"r2","fence":0,"until_ms":1}`)
+			require.NoError(t, err)
+			time.Sleep(5 * time.Second)
+			require.NoError(t, k.Err(), "the run goes on")
+			ev.mu.Lock()
+			require.Len(t, ev.slots, 1)
+			assert.Equal(t, []string{"runslot:mem:0"}, ev.slots[0].Err.Keys)
+			ev.mu.Unlock()
+			require.NoError(t, k.Release(t.Context()))
+			assert.Equal(t, []runlease.Row{
+				{Key: "runlease:r1", Value: get(t, s, "runlease:r1")},
+				{Key: "runslot:mem:0", Value: `{"holder":"r2","fence":0,"until_ms":1}`},
+			}, rows(t, s), "release frees the lease and leaves the slot r2 took")
+			info, err := runlease.Peek(t.Context(), s, "r1")
+			require.NoError(t, err)
+			assert.True(t, info.Released)
+		})
+	})
+
+	t.Run("one_renewer_keeps_many_leases_without_a_goroutine_each", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleStore(t)
+			var r runlease.Renewer
+			before := runtime.NumGoroutine()
+			const n = 100
+			keepers := make([]*runlease.Keeper, n)
+			for i := range n {
+				l, err := runlease.Acquire(t.Context(), s, "r"+strconv.Itoa(i), "A", five)
+				require.NoError(t, err)
+				keepers[i], err = r.Keep(t.Context(), l)
+				require.NoError(t, err)
+			}
+			synctest.Wait()
+			assert.Less(t, runtime.NumGoroutine()-before, 10, "one loop, not one goroutine per lease")
+			time.Sleep(20 * time.Second)
+			for _, k := range keepers {
+				require.NoError(t, k.Err())
+			}
+			r.Close()
+			for _, k := range keepers {
+				require.ErrorIs(t, k.Err(), runlease.ErrKeeperStopped)
+			}
+		})
+	})
+
+	t.Run("bad_options_are_refused", func(t *testing.T) {
+		t.Parallel()
+		s := newSQLite(t)
+		l, err := runlease.Acquire(t.Context(), s, "r1", "A", five)
+		require.NoError(t, err)
+		for _, opt := range []runlease.Option{
+			runlease.KeepInterval(3 * time.Second), runlease.KeepInterval(-time.Second),
+			runlease.KeepMargin(3 * time.Second), runlease.KeepMargin(-time.Second),
+		} {
+			_, err := runlease.Keep(t.Context(), l, opt)
+			require.ErrorIs(t, err, runlease.ErrInvalidArgument)
+		}
+		_, err = runlease.Keep(t.Context(), nil)
+		require.ErrorIs(t, err, runlease.ErrInvalidArgument)
+		require.NoError(t, l.Release(t.Context()))
+		_, err = runlease.Keep(t.Context(), l)
+		require.ErrorIs(t, err, runlease.ErrReleased, "a released lease cannot be kept")
+	})
+}
+
+func TestKeeperStopLeavesNoGoroutine(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	l, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithTTL(5*time.Second))
+	require.NoError(t, err)
+	var calls atomic.Int64
+	k, err := runlease.Keep(context.Background(), l, runlease.KeepInterval(50*time.Millisecond),
+		runlease.WithHooks(runlease.Hooks{Renewed: func(runlease.RenewEvent) { calls.Add(1) }}))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return calls.Load() >= 2 }, 10*time.Second, 10*time.Millisecond)
+	k.Stop()
+	n := calls.Load()
+	time.Sleep(200 * time.Millisecond) // not a timing assertion: proves no renewal runs after Stop
+	assert.Equal(t, n, calls.Load(), "no renewal after Stop returned")
+	select {
+	case <-k.Done():
+	default:
+		t.Fatal("Done not closed after Stop")
+	}
+}

@@ -1,0 +1,77 @@
+package runlease
+
+import (
+	"log/slog"
+	"time"
+)
+
+// Hooks are callbacks through which a program feeds its own metrics and
+// traces (Prometheus, OpenTelemetry, …) without this package depending on
+// them. Every field may be nil. Callbacks run synchronously on the goroutine
+// that did the work, so they must be quick and must not block; they may be
+// called concurrently.
+type Hooks struct {
+	// Acquired is called after every Acquire that got past argument
+	// checks, with its outcome: Err is nil on success, a *LeaseLostError
+	// when another holder has the lease, or a fault.
+	Acquired func(AcquireEvent)
+	// Renewed is called after every renewal attempt a Keeper makes.
+	Renewed func(RenewEvent)
+	// Lost is called once when a Keeper's lease is lost, with the reason.
+	Lost func(LossEvent)
+	// SlotsLost is called when a Keeper finds that slots it renews were
+	// taken by other runs. The run goes on: the lease is the authority.
+	SlotsLost func(SlotLossEvent)
+}
+
+// AcquireEvent describes one Acquire.
+type AcquireEvent struct {
+	RunID   string
+	Holder  string
+	Fence   uint64 // the fence acquired; 0 on failure
+	Latency time.Duration
+	Err     error
+}
+
+// RenewEvent describes one renewal attempt by a Keeper.
+type RenewEvent struct {
+	RunID   string
+	Fence   uint64
+	Latency time.Duration
+	// TimeLeft is how long the holder's trust window still had to run when
+	// the attempt started: how close the lease came to being given up.
+	TimeLeft time.Duration
+	Err      error // nil on success
+}
+
+// LossEvent describes the loss of a kept lease. Err is a *LeaseLostError
+// whose Cause says why; errors.Is(Err, ErrTakenOver) and the like tell the
+// reasons apart.
+type LossEvent struct {
+	RunID string
+	Fence uint64
+	Err   error
+}
+
+// SlotLossEvent describes slots a kept run lost.
+type SlotLossEvent struct {
+	RunID string
+	Err   *SlotLostError
+}
+
+// WithHooks sets callbacks for metrics: [Acquire] reports to Acquired, and a
+// [Keeper] started on the lease reports renewals and losses (unless its own
+// options set other hooks).
+func WithHooks(h Hooks) Option {
+	return func(o *options) { o.hooks = h }
+}
+
+// WithLogger sets the logger to which a [Keeper] reports renewal faults
+// (Debug), retries running short of time (Warn), and losses (Warn). The
+// default logs nothing.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) { o.logger = l }
+}
+
+// discard is the logger used when none is given.
+var discard = slog.New(slog.DiscardHandler)
