@@ -202,7 +202,7 @@ func parseSlotKey(key string) (scope string, slot int, ok bool) {
 // the [WithClock] option matters to Occupancy: it judges which slots are
 // live.
 func Occupancy(ctx context.Context, store Store, opts ...Option) ([]SlotInfo, error) {
-	o, err := buildOptions(opts)
+	o, err := buildOptions(store, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +244,7 @@ func Occupancy(ctx context.Context, store Store, opts ...Option) ([]SlotInfo, er
 // Invalid arguments fail with [ErrInvalidArgument] before anything is
 // written; the options are the TTL and the clock, as for [Acquire].
 func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, opts ...Option) (*Slots, error) {
-	o, err := buildOptions(opts)
+	o, err := buildOptions(store, opts)
 	if err != nil {
 		return nil, err
 	}
