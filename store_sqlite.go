@@ -290,12 +290,17 @@ func (s *SQLiteStore) applied(op, key string, res sql.Result, err error) (bool, 
 // is rolled back, so its outcome is known (nothing was applied) except for
 // I/O errors, after which the file's state is not certain.
 func (s *SQLiteStore) fault(op, key string, err error) error {
-	if s.closed.Load() && errors.Is(err, sql.ErrConnDone) {
+	var e *sqlite.Error
+	isSQLite := errors.As(err, &e)
+	// A call that overlaps Close finds the handle or its statements closed
+	// ("sql: database is closed", "sql: statement is closed", ErrConnDone):
+	// database/sql refused it before it reached SQLite, so nothing was
+	// applied and the caller is told the store is closed, not that it failed.
+	if s.closed.Load() && !isSQLite && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 		return ErrStoreClosed
 	}
 	se := &StorageError{Op: op, Key: key, Err: err}
-	var e *sqlite.Error
-	if errors.As(err, &e) {
+	if isSQLite {
 		switch e.Code() & 0xff {
 		case sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_FULL:
 			se.Unknown = true
