@@ -60,8 +60,8 @@ func (e *events) counts() (renewed, failed, lost int) {
 	return len(e.renewed), failed, len(e.lost)
 }
 
+// TestKeeper is not parallel: one subtest counts the process's goroutines.
 func TestKeeper(t *testing.T) {
-	t.Parallel()
 	five := runlease.WithTTL(5 * time.Second)
 
 	t.Run("a_5s_ttl_survives_a_60s_superstep", func(t *testing.T) {

@@ -302,6 +302,8 @@ type LeaseInfo struct {
 	Holder   string    // the holder, empty when released
 	Fence    uint64    // the fence of the last acquisition
 	Until    time.Time // when the lease expires; takeover is possible from then on
+	Corrupt  bool      // the row does not parse (listed by Leases; Peek returns an error)
+	Row      string    // the stored row, byte for byte: what ForceRelease is conditional on
 }
 
 // Peek reads the lease of runID without changing it, so a status surface can
@@ -322,11 +324,9 @@ func Peek(ctx context.Context, store Store, runID string, opts ...Option) (Lease
 	if err != nil || !found {
 		return info, err
 	}
-	row, err := decodeRow(raw)
-	if err != nil {
+	if info = leaseInfo(runID, raw, o.nowMS()); info.Corrupt {
+		_, err := decodeRow(raw)
 		return info, corruptRow(key, raw, err)
 	}
-	info.Found, info.Holder, info.Fence, info.Until = true, row.Holder, row.Fence, row.until()
-	info.Live, info.Released = row.live(o.nowMS()), row.Holder == ""
 	return info, nil
 }

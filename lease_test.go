@@ -318,7 +318,7 @@ func TestPeekSaysWhenTakeoverBecomesPossible(t *testing.T) {
 	info, err = runlease.Peek(t.Context(), s, "r1", opts...)
 	require.NoError(t, err)
 	assert.Equal(t, runlease.LeaseInfo{RunID: "r1", Found: true, Live: true, Holder: "A", Fence: 1,
-		Until: epoch.Add(time.Minute)}, info)
+		Until: epoch.Add(time.Minute), Row: get(t, s, "runlease:r1")}, info)
 
 	clk.Advance(time.Minute)
 	info, err = runlease.Peek(t.Context(), s, "r1", opts...)
@@ -329,7 +329,8 @@ func TestPeekSaysWhenTakeoverBecomesPossible(t *testing.T) {
 	require.NoError(t, l.Release(t.Context()))
 	info, err = runlease.Peek(t.Context(), s, "r1", opts...)
 	require.NoError(t, err)
-	assert.Equal(t, runlease.LeaseInfo{RunID: "r1", Found: true, Released: true, Fence: 1, Until: clk.Now()}, info)
+	assert.Equal(t, runlease.LeaseInfo{RunID: "r1", Found: true, Released: true, Fence: 1, Until: clk.Now(),
+		Row: get(t, s, "runlease:r1")}, info)
 }
 
 func TestUnknownOutcomesAreResolvedByReading(t *testing.T) {

@@ -1,0 +1,132 @@
+package runlease
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+)
+
+// Leases lists the lease row of every run in the store, in run id order, for
+// status surfaces and operators. Rows that do not parse are listed with
+// Corrupt set. Only the [WithClock] option matters: it judges Live.
+func Leases(ctx context.Context, store Store, opts ...Option) ([]LeaseInfo, error) {
+	o, err := buildOptions(store, opts)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := store.MetaScan(ctx, LeasePrefix)
+	if err != nil {
+		return nil, err
+	}
+	now := o.nowMS()
+	out := make([]LeaseInfo, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, leaseInfo(strings.TrimPrefix(r.Key, LeasePrefix), r.Value, now))
+	}
+	return out, nil
+}
+
+// leaseInfo describes the stored row raw of runID at nowMS.
+func leaseInfo(runID, raw string, nowMS int64) LeaseInfo {
+	info := LeaseInfo{RunID: runID, Found: true, Row: raw}
+	row, err := decodeRow(raw)
+	if err != nil {
+		info.Corrupt = true
+		return info
+	}
+	info.Holder, info.Fence, info.Until = row.Holder, row.Fence, row.until()
+	info.Live, info.Released = row.live(nowMS), row.Holder == ""
+	return info
+}
+
+// ForceRelease is an operator's release of a stuck lease: it writes a
+// released tombstone over the row info was read from (by [Peek] or
+// [Leases]), keeping its fence so that the next holder continues above it.
+// It is conditional on that exact row: if the row changed since it was read
+// — the holder renewed, or someone else took over — nothing is written and
+// the error is a [*LeaseLostError] describing the row now (cause
+// [ErrRowChanged] when the holder is unchanged). The holder of a
+// force-released lease learns of it at its next renewal ([ErrReleased]).
+//
+// A row that is absent, already released or corrupt is refused with
+// [ErrInvalidArgument]: a corrupt row needs a person to look at it, not a
+// tombstone.
+func ForceRelease(ctx context.Context, store Store, info LeaseInfo, opts ...Option) error {
+	o, err := buildOptions(store, opts)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !info.Found || info.Row == "":
+		return invalidArg("info", "run %q has no lease row read by Peek or Leases", info.RunID)
+	case info.Corrupt:
+		return invalidArg("info", "run %q: the row does not parse; inspect it rather than release it", info.RunID)
+	case info.Released:
+		return invalidArg("info", "run %q is already released", info.RunID)
+	}
+	key := LeasePrefix + info.RunID
+	tomb := leaseRow{Fence: info.Fence, UntilMS: min(o.nowMS(), info.Until.UnixMilli())}.encode()
+	ok, err := casResolved(ctx, store, key, &info.Row, tomb)
+	if err != nil || ok {
+		return err
+	}
+	e := &LeaseLostError{RunID: info.RunID, Cause: ErrRowChanged}
+	if now, nerr := Peek(ctx, store, info.RunID, WithClock(o.now)); nerr == nil && now.Found && !now.Corrupt {
+		e.Holder, e.Fence, e.Until = now.Holder, now.Fence, now.Until
+		if now.Holder != info.Holder || now.Fence != info.Fence {
+			e.Cause = ErrTakenOver
+		}
+	}
+	return e
+}
+
+// Pruned lists what [Prune] removed.
+type Pruned struct {
+	Leases []string // run ids whose lease rows were removed
+	Slots  []string // keys of the slot rows removed
+}
+
+// Prune removes lease rows that were released or expired, and slot rows that
+// expired, before now - olderThan. Each delete is conditional on the row
+// read, so a lease taken meanwhile is never removed. Live leases and rows
+// that do not parse are never removed.
+//
+// Pruning resets history: a released lease row keeps its run's fence, and a
+// run id whose row was pruned starts again at fence 1 if it is ever
+// acquired again. Prune only run ids that will not be reused, or whose
+// fences no outside system still checks. olderThan must not be negative.
+func Prune(ctx context.Context, store Store, olderThan time.Duration, opts ...Option) (Pruned, error) {
+	var p Pruned
+	o, err := buildOptions(store, opts)
+	if err != nil {
+		return p, err
+	}
+	if olderThan < 0 {
+		return p, invalidArg("olderThan", "negative: %v", olderThan)
+	}
+	horizon := o.nowMS() - olderThan.Milliseconds()
+	var errs []error
+	for _, prefix := range []string{LeasePrefix, SlotPrefix} {
+		rows, err := store.MetaScan(ctx, prefix)
+		if err != nil {
+			return p, err
+		}
+		for _, r := range rows {
+			row, err := decodeRow(r.Value)
+			if err != nil || row.UntilMS >= horizon || (row.Holder != "" && row.UntilMS > o.nowMS()) {
+				continue
+			}
+			ok, err := deleteResolved(ctx, store, r.Key, r.Value)
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case ok && prefix == LeasePrefix:
+				p.Leases = append(p.Leases, strings.TrimPrefix(r.Key, LeasePrefix))
+			case ok:
+				p.Slots = append(p.Slots, r.Key)
+			}
+		}
+	}
+	return p, errors.Join(errs...)
+}

@@ -1,0 +1,119 @@
+package runlease_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
+)
+
+func TestLeasesListsEveryRun(t *testing.T) {
+	t.Parallel()
+	s, clk := newSQLite(t), testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithTTL(time.Minute), runlease.WithClock(clk.Now)}
+	_, err := runlease.Acquire(t.Context(), s, "b", "B", opts...)
+	require.NoError(t, err)
+	a, err := runlease.Acquire(t.Context(), s, "a", "A", opts...)
+	require.NoError(t, err)
+	require.NoError(t, a.Release(t.Context()))
+	put(t, s, "runlease:c", "garbage")
+
+	all, err := runlease.Leases(t.Context(), s, runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	require.Len(t, all, 3)
+	assert.Equal(t, []string{"a", "b", "c"}, []string{all[0].RunID, all[1].RunID, all[2].RunID})
+	assert.True(t, all[0].Released)
+	assert.True(t, all[1].Live)
+	assert.Equal(t, "B", all[1].Holder)
+	assert.True(t, all[2].Corrupt)
+	assert.Equal(t, "garbage", all[2].Row)
+}
+
+func TestForceRelease(t *testing.T) {
+	t.Parallel()
+
+	t.Run("keeps_the_fence_and_tells_the_holder", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		l, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		info, err := runlease.Peek(t.Context(), s, "r1", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.NoError(t, runlease.ForceRelease(t.Context(), s, info, runlease.WithClock(clk.Now)))
+
+		require.ErrorIs(t, l.Renew(t.Context()), runlease.ErrReleased, "the stuck holder learns it")
+		next, err := runlease.Acquire(t.Context(), s, "r1", "B", runlease.WithClock(clk.Now))
+		require.NoError(t, err, "free at once")
+		assert.Equal(t, l.Fence()+1, next.Fence(), "the next holder continues above the fence")
+	})
+
+	t.Run("is_conditional_on_the_row_read", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		l, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		info, err := runlease.Peek(t.Context(), s, "r1", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(time.Second)
+		require.NoError(t, l.Renew(t.Context()), "the holder was alive after all")
+		before := get(t, s, "runlease:r1")
+		err = runlease.ForceRelease(t.Context(), s, info, runlease.WithClock(clk.Now))
+		require.ErrorIs(t, err, runlease.ErrRowChanged)
+		assert.Equal(t, before, get(t, s, "runlease:r1"))
+		require.NoError(t, l.Renew(t.Context()))
+	})
+
+	t.Run("refuses_rows_it_must_not_touch", func(t *testing.T) {
+		t.Parallel()
+		s := newSQLite(t)
+		put(t, s, "runlease:bad", "{")
+		info, err := runlease.Peek(t.Context(), s, "bad")
+		require.ErrorIs(t, err, runlease.ErrCorruptRow)
+		require.ErrorIs(t, runlease.ForceRelease(t.Context(), s, info), runlease.ErrInvalidArgument)
+		assert.Equal(t, "{", get(t, s, "runlease:bad"))
+
+		absent, err := runlease.Peek(t.Context(), s, "none")
+		require.NoError(t, err)
+		require.ErrorIs(t, runlease.ForceRelease(t.Context(), s, absent), runlease.ErrInvalidArgument)
+		assert.Len(t, rows(t, s), 1)
+	})
+}
+
+func TestPruneRemovesOnlyOldFreeRows(t *testing.T) {
+	t.Parallel()
+	s, clk := newSQLite(t), testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithTTL(time.Minute), runlease.WithClock(clk.Now)}
+	released, err := runlease.Acquire(t.Context(), s, "released", "A", opts...)
+	require.NoError(t, err)
+	require.NoError(t, released.Release(t.Context()))
+	_, err = runlease.Acquire(t.Context(), s, "expired", "A", opts...)
+	require.NoError(t, err)
+	_, err = runlease.ClaimSlots(t.Context(), s, "expired", []runlease.Scope{runlease.MemScope(2)}, opts...)
+	require.NoError(t, err)
+	put(t, s, "runlease:corrupt", "nope")
+	clk.Advance(2 * time.Hour)
+	_, err = runlease.Acquire(t.Context(), s, "live", "A", opts...)
+	require.NoError(t, err)
+	_, err = runlease.Acquire(t.Context(), s, "recent", "A", opts...)
+	require.NoError(t, err)
+	clk.Advance(5 * time.Minute) // "recent" expired 4 minutes ago
+
+	_, err = runlease.Prune(t.Context(), s, -time.Second, runlease.WithClock(clk.Now))
+	require.ErrorIs(t, err, runlease.ErrInvalidArgument)
+
+	p, err := runlease.Prune(t.Context(), s, time.Hour, runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"released", "expired"}, p.Leases)
+	assert.Equal(t, []string{"runslot:mem:0"}, p.Slots)
+	left, err := runlease.Leases(t.Context(), s, runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	var ids []string
+	for _, l := range left {
+		ids = append(ids, l.RunID)
+	}
+	assert.Equal(t, []string{"corrupt", "live", "recent"}, ids, "live, recent and corrupt rows stay")
+}
