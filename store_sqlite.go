@@ -101,6 +101,29 @@ func OpenSQLite(path string) (*SQLiteStore, error) {
 	return newSQLiteStore(path, lock, w, r)
 }
 
+// OpenSQLiteReadOnly opens an existing embedded store for reading only,
+// without taking the writer lock, so that status tools can look at a store
+// that a driver has open. Reads see every write committed before they start.
+// Writes fail with [ErrInvalidArgument] and change nothing. A missing file is
+// a [*StorageError]: a read-only open never creates a store.
+func OpenSQLiteReadOnly(path string) (*SQLiteStore, error) {
+	if path == "" || path == ":memory:" {
+		return nil, invalidArg("path", "%q cannot be opened read-only", path)
+	}
+	abs, err := canonicalPath(path)
+	if err == nil {
+		_, err = os.Stat(abs)
+	}
+	if err != nil {
+		return nil, &StorageError{Op: "OpenSQLiteReadOnly", Key: path, Err: err}
+	}
+	r, err := openSQLiteDB("file:"+(&url.URL{Path: abs}).EscapedPath(), true, 2)
+	if err != nil {
+		return nil, err
+	}
+	return newSQLiteStore(path, nil, nil, r)
+}
+
 // canonicalPath resolves path to an absolute path without symbolic links in
 // its directory, so two spellings of one file take the same lock.
 func canonicalPath(path string) (string, error) {
@@ -144,13 +167,15 @@ func openSQLiteDB(uri string, readOnly bool, conns int) (*sql.DB, error) {
 func newSQLiteStore(path string, lock *os.File, w, r *sql.DB) (*SQLiteStore, error) {
 	s := &SQLiteStore{path: path, lock: lock, w: w, r: r}
 	ctx := context.Background()
-	if _, err := w.ExecContext(ctx, sqliteSchema); err != nil {
-		s.Close()
-		return nil, s.fault("OpenSQLite", path, err)
+	if w != nil {
+		if _, err := w.ExecContext(ctx, sqliteSchema); err != nil {
+			s.Close()
+			return nil, s.fault("OpenSQLite", path, err)
+		}
 	}
 	var err error
 	prepare := func(db *sql.DB, q string) *sql.Stmt {
-		if err != nil {
+		if err != nil || db == nil {
 			return nil
 		}
 		var st *sql.Stmt
@@ -185,7 +210,9 @@ func (s *SQLiteStore) Close() error {
 	if s.r != s.w {
 		errs = append(errs, s.r.Close())
 	}
-	errs = append(errs, s.w.Close())
+	if s.w != nil {
+		errs = append(errs, s.w.Close())
+	}
 	if s.lock != nil {
 		errs = append(errs, unlockFile(s.lock))
 	}
@@ -210,7 +237,7 @@ func (s *SQLiteStore) MetaGet(ctx context.Context, key string) (string, bool, er
 
 // MetaCAS implements [Store].
 func (s *SQLiteStore) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
-	if err := s.check(key); err != nil {
+	if err := s.checkWrite(key); err != nil {
 		return false, err
 	}
 	if err := CheckValue(value); err != nil {
@@ -228,7 +255,7 @@ func (s *SQLiteStore) MetaCAS(ctx context.Context, key string, expected *string,
 
 // MetaDelete implements [Store].
 func (s *SQLiteStore) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
-	if err := s.check(key); err != nil {
+	if err := s.checkWrite(key); err != nil {
 		return false, err
 	}
 	res, err := s.stmts.del.ExecContext(ctx, key, expected)
@@ -273,6 +300,14 @@ func (s *SQLiteStore) check(key string) error {
 		return ErrStoreClosed
 	}
 	return CheckKey(key)
+}
+
+// checkWrite is check for a write.
+func (s *SQLiteStore) checkWrite(key string) error {
+	if s.w == nil && !s.closed.Load() {
+		return invalidArg("store", "%q was opened read-only", s.path)
+	}
+	return s.check(key)
 }
 
 func (s *SQLiteStore) applied(op, key string, res sql.Result, err error) (bool, error) {
