@@ -81,10 +81,19 @@ func ForceRelease(ctx context.Context, store Store, info LeaseInfo, opts ...Opti
 	return e
 }
 
-// Pruned lists what [Prune] removed.
+// Pruned lists what [Prune] removed, or what [PruneCandidates] would remove.
 type Pruned struct {
 	Leases []string // run ids whose lease rows were removed
 	Slots  []string // keys of the slot rows removed
+}
+
+// add records the row at key under Leases or Slots.
+func (p *Pruned) add(key string) {
+	if id, ok := strings.CutPrefix(key, LeasePrefix); ok {
+		p.Leases = append(p.Leases, id)
+	} else {
+		p.Slots = append(p.Slots, key)
+	}
 }
 
 // Prune removes lease rows that were released or expired, and slot rows that
@@ -98,35 +107,56 @@ type Pruned struct {
 // fences no outside system still checks. olderThan must not be negative.
 func Prune(ctx context.Context, store Store, olderThan time.Duration, opts ...Option) (Pruned, error) {
 	var p Pruned
-	o, err := buildOptions(store, opts)
+	var errs []error
+	err := prunable(ctx, store, olderThan, opts, func(r Row) {
+		ok, err := deleteResolved(ctx, store, r.Key, r.Value)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case ok:
+			p.add(r.Key)
+		}
+	})
 	if err != nil {
 		return p, err
 	}
+	return p, errors.Join(errs...)
+}
+
+// PruneCandidates lists the rows [Prune] would remove now with the same
+// arguments, and removes nothing, so that an operator can review them
+// first. Rows may change before Prune runs; Prune decides again on the rows
+// it reads then. It fails as Prune does for invalid arguments and storage
+// faults.
+func PruneCandidates(ctx context.Context, store Store, olderThan time.Duration, opts ...Option) (Pruned, error) {
+	var p Pruned
+	err := prunable(ctx, store, olderThan, opts, func(r Row) { p.add(r.Key) })
+	return p, err
+}
+
+// prunable calls visit with every lease and slot row that Prune removes:
+// rows that parse, hold no live lease, and expired before now - olderThan.
+func prunable(ctx context.Context, store Store, olderThan time.Duration, opts []Option, visit func(Row)) error {
+	o, err := buildOptions(store, opts)
+	if err != nil {
+		return err
+	}
 	if olderThan < 0 {
-		return p, invalidArg("olderThan", "negative: %v", olderThan)
+		return invalidArg("olderThan", "negative: %v", olderThan)
 	}
 	horizon := o.nowMS() - olderThan.Milliseconds()
-	var errs []error
 	for _, prefix := range []string{LeasePrefix, SlotPrefix} {
 		rows, err := store.MetaScan(ctx, prefix)
 		if err != nil {
-			return p, err
+			return err
 		}
 		for _, r := range rows {
 			row, err := decodeRow(r.Value)
 			if err != nil || row.UntilMS >= horizon || (row.Holder != "" && row.UntilMS > o.nowMS()) {
 				continue
 			}
-			ok, err := deleteResolved(ctx, store, r.Key, r.Value)
-			switch {
-			case err != nil:
-				errs = append(errs, err)
-			case ok && prefix == LeasePrefix:
-				p.Leases = append(p.Leases, strings.TrimPrefix(r.Key, LeasePrefix))
-			case ok:
-				p.Slots = append(p.Slots, r.Key)
-			}
+			visit(r)
 		}
 	}
-	return p, errors.Join(errs...)
+	return nil
 }

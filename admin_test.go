@@ -117,3 +117,30 @@ func TestPruneRemovesOnlyOldFreeRows(t *testing.T) {
 	}
 	assert.Equal(t, []string{"corrupt", "live", "recent"}, ids, "live, recent and corrupt rows stay")
 }
+
+func TestPruneCandidatesListWhatPruneRemovesAndRemoveNothing(t *testing.T) {
+	t.Parallel()
+	s, clk := newSQLite(t), testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithTTL(time.Minute), runlease.WithClock(clk.Now)}
+	released, err := runlease.Acquire(t.Context(), s, "released", "A", opts...)
+	require.NoError(t, err)
+	require.NoError(t, released.Release(t.Context()))
+	_, err = runlease.ClaimSlots(t.Context(), s, "released", []runlease.Scope{runlease.MemScope(2)}, opts...)
+	require.NoError(t, err)
+	clk.Advance(2 * time.Hour)
+	_, err = runlease.Acquire(t.Context(), s, "live", "A", opts...)
+	require.NoError(t, err)
+	before := rows(t, s)
+
+	_, err = runlease.PruneCandidates(t.Context(), s, -time.Second, runlease.WithClock(clk.Now))
+	require.ErrorIs(t, err, runlease.ErrInvalidArgument)
+	want, err := runlease.PruneCandidates(t.Context(), s, time.Hour, runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"released"}, want.Leases)
+	assert.Equal(t, []string{"runslot:mem:0"}, want.Slots)
+	assert.Equal(t, before, rows(t, s), "nothing removed")
+
+	got, err := runlease.Prune(t.Context(), s, time.Hour, runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+}
