@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -60,6 +61,7 @@ type PostgresOption func(*pgOptions)
 type pgOptions struct {
 	table  string
 	create bool
+	local  func() time.Time
 }
 
 // WithTable makes the store use the named table instead of
@@ -162,6 +164,7 @@ type PostgresStore struct {
 	table  string // as given to WithTable
 	secret string // the password of the pool's config, kept out of messages
 	q      pgQueries
+	clock  *pgClock
 	closed atomic.Bool
 }
 
@@ -249,6 +252,9 @@ func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned 
 		},
 	}
 	if err := s.prepareTable(ctx, op, t, o.create); err != nil {
+		return nil, err
+	}
+	if err := s.startClock(ctx, o.local); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -359,7 +365,11 @@ func (s *PostgresStore) Table() string { return s.table }
 // to return their connections; one from NewPostgres leaves the pool open.
 // Close is idempotent and always returns nil.
 func (s *PostgresStore) Close() error {
-	if !s.closed.Swap(true) && s.owned {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.stopClock()
+	if s.owned {
 		s.pool.Close()
 	}
 	return nil
