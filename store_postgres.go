@@ -171,6 +171,7 @@ type PostgresStore struct {
 // pgQueries are the statements for one table, formatted at open.
 type pgQueries struct {
 	get, insert, update, del, scan, scanOpen string
+	batchHold, batchApply                    string
 }
 
 // OpenPostgres opens a pool on dsn (a pgx connection string: a URL or
@@ -251,6 +252,7 @@ func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned 
 			scanOpen: fmt.Sprintf(pgScanOpen, t),
 		},
 	}
+	formatBatch(&s.q, t)
 	if err := s.prepareTable(ctx, op, t, o.create); err != nil {
 		return nil, err
 	}

@@ -27,6 +27,8 @@ const (
 	sqliteInsert    = `INSERT INTO runlease_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING`
 	sqliteUpdate    = `UPDATE runlease_meta SET value = ? WHERE key = ? AND value = ?`
 	sqliteDelete    = `DELETE FROM runlease_meta WHERE key = ? AND value = ?`
+	sqliteDeleteAny = `DELETE FROM runlease_meta WHERE key = ?`
+	sqliteUpsert    = `INSERT INTO runlease_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value`
 	sqliteScan      = `SELECT key, value FROM runlease_meta WHERE key >= ? AND key < ? ORDER BY key`
 	sqliteScanOpen  = `SELECT key, value FROM runlease_meta WHERE key >= ? ORDER BY key`
 	sqliteBusyMilli = 10000
@@ -151,7 +153,7 @@ func openSQLiteDB(uri string, readOnly bool, conns int) (*sql.DB, error) {
 	if readOnly {
 		dsn += "&_pragma=query_only(1)"
 	} else {
-		dsn += "&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)"
+		dsn += "&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate"
 	}
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {

@@ -65,6 +65,7 @@ func Run(t *testing.T, newStore func(t *testing.T) runlease.Store) {
 		{"bad_input", testBadInput},
 		{"cancelled_context", testCancelledContext},
 		{"mixed_load", testMixedLoad},
+		{"batch", testBatch},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

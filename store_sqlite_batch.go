@@ -1,0 +1,60 @@
+package runlease
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+)
+
+// MetaBatch implements [Batcher] in one transaction, begun IMMEDIATE so that
+// it holds the write lock from its first read: the conditions it checks
+// cannot change before its writes commit.
+func (s *SQLiteStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (applied bool, err error) {
+	if s.closed.Load() {
+		return false, ErrStoreClosed
+	}
+	if s.w == nil {
+		return false, invalidArg("store", "%q was opened read-only", s.path)
+	}
+	if err := CheckBatch(conds, ops); err != nil {
+		return false, err
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return false, s.fault("MetaBatch", "", err)
+	}
+	defer func() {
+		if !applied {
+			_ = tx.Rollback()
+		}
+	}()
+	for _, c := range conds {
+		var v string
+		err := tx.QueryRowContext(ctx, sqliteGet, c.Key).Scan(&v)
+		found := err == nil
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return false, s.fault("MetaBatch", c.Key, err)
+		}
+		if found != (c.Value != nil) || (found && v != *c.Value) {
+			return false, nil
+		}
+	}
+	for _, op := range ops {
+		if err := s.batchOp(ctx, tx, op); err != nil {
+			return false, s.fault("MetaBatch", op.Key, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return false, s.fault("MetaBatch", "", err)
+	}
+	return true, nil
+}
+
+func (s *SQLiteStore) batchOp(ctx context.Context, tx *sql.Tx, op Op) error {
+	if op.Delete {
+		_, err := tx.ExecContext(ctx, sqliteDeleteAny, op.Key)
+		return err
+	}
+	_, err := tx.ExecContext(ctx, sqliteUpsert, op.Key, op.Value)
+	return err
+}
