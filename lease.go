@@ -187,9 +187,9 @@ func (l *Lease) lostError(ctx context.Context) (*LeaseLostError, string) {
 // it the row to present next time. A row from an earlier call whose outcome
 // stayed unknown counts as this lease's own: if the store holds it, swap
 // adopts it and tries again, so a lost reply never turns into a false loss.
-func (l *Lease) swap(ctx context.Context, next string) error {
+func (l *Lease) swap(ctx context.Context, next string, extra []Op) error {
 	for {
-		ok, err := casResolved(ctx, l.store, l.key, &l.seen, next)
+		ok, err := l.condWrite(ctx, next, extra)
 		if err != nil {
 			if IsOutcomeUnknown(err) && len(l.unsure) < maxUnsure {
 				l.unsure = append(l.unsure, next)
@@ -207,6 +207,17 @@ func (l *Lease) swap(ctx context.Context, next string) error {
 		}
 		l.seen, l.unsure = cur, l.unsure[:0]
 	}
+}
+
+// condWrite writes next over the row this lease last wrote, with the extra
+// ops in the same atomic batch when there are any.
+func (l *Lease) condWrite(ctx context.Context, next string, extra []Op) (bool, error) {
+	if len(extra) == 0 {
+		return casResolved(ctx, l.store, l.key, &l.seen, next)
+	}
+	ops := append([]Op{Put(l.key, next)}, extra...)
+	ok, err := l.store.(Batcher).MetaBatch(ctx, []Cond{IfEquals(l.key, l.seen)}, ops)
+	return resolveCAS(ctx, l.store, l.key, &l.seen, next, ok, err)
 }
 
 // maxUnsure bounds how many writes of unknown outcome a lease remembers.
@@ -253,6 +264,11 @@ func (l *Lease) Expiry() time.Time {
 // Renew may be retried; when the fault's outcome is unknown, Renew reads the
 // row back and reports the truth rather than a false loss.
 func (l *Lease) Renew(ctx context.Context) error {
+	return l.renew(ctx, nil)
+}
+
+// renew extends the lease, writing extra in the same atomic batch.
+func (l *Lease) renew(ctx context.Context, extra []Op) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.lost != nil {
@@ -260,7 +276,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	}
 	start := time.Now()
 	row := leaseRow{Holder: l.holder, Fence: l.fence, UntilMS: l.o.nowMS() + l.o.ttl.Milliseconds()}
-	if err := l.swap(ctx, row.encode()); err != nil {
+	if err := l.swap(ctx, row.encode(), extra); err != nil {
 		return err
 	}
 	l.until, l.trustFrom = row.until(), start
@@ -285,7 +301,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l.lost != nil {
 		return l.lost
 	}
-	if err := l.swap(ctx, leaseRow{Fence: l.fence, UntilMS: l.o.nowMS()}.encode()); err != nil {
+	if err := l.swap(ctx, leaseRow{Fence: l.fence, UntilMS: l.o.nowMS()}.encode(), nil); err != nil {
 		return err
 	}
 	l.released = true

@@ -130,6 +130,12 @@ const (
 // is never reported as a lost race, nor a lost race as a fault.
 func casResolved(ctx context.Context, s Store, key string, expected *string, value string) (bool, error) {
 	ok, err := s.MetaCAS(ctx, key, expected, value)
+	return resolveCAS(ctx, s, key, expected, value, ok, err)
+}
+
+// resolveCAS resolves the outcome of a conditional write of value at key
+// (alone or in a batch) that returned ok and err, as casResolved describes.
+func resolveCAS(ctx context.Context, s Store, key string, expected *string, value string, ok bool, err error) (bool, error) {
 	if err == nil || !IsOutcomeUnknown(err) {
 		return ok, err
 	}

@@ -211,3 +211,27 @@ func (f *Faulty) MetaDelete(ctx context.Context, key, expected string) (bool, er
 	}
 	return deleted, nil
 }
+
+// MetaBatch passes batches through to the wrapped store, which must be a
+// runlease.Batcher, consuming queued faults like the other writes.
+func (f *Faulty) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runlease.Op) (bool, error) {
+	b := f.Store.(runlease.Batcher)
+	if f.isDown() {
+		return false, Unknown("MetaBatch")
+	}
+	ft, ok := f.next()
+	if !ok {
+		return b.MetaBatch(ctx, conds, ops)
+	}
+	applied := false
+	if ft.Apply {
+		var err error
+		if applied, err = b.MetaBatch(ctx, conds, ops); err != nil {
+			return false, err
+		}
+	}
+	if ft.Err != nil {
+		return false, ft.Err
+	}
+	return applied, nil
+}
