@@ -22,6 +22,19 @@ type Hooks struct {
 	// SlotsLost is called when a Keeper finds that slots it renews were
 	// taken by other runs. The run goes on: the lease is the authority.
 	SlotsLost func(SlotLossEvent)
+	// LimitMismatch is called when ClaimSlots finds live slots numbered at
+	// or above its own limit for a scope: hosts disagree on the limit, or
+	// it was lowered. Nothing is evicted; the scope drains as runs end.
+	LimitMismatch func(LimitMismatchEvent)
+}
+
+// LimitMismatchEvent describes a scope whose live slots disagree with the
+// claiming host's limit.
+type LimitMismatchEvent struct {
+	Scope      string
+	Limit      int // this host's limit
+	Live       int // live slots of other runs in the scope
+	AboveLimit int // how many of them are numbered at or above Limit
 }
 
 // AcquireEvent describes one Acquire.
@@ -67,8 +80,8 @@ func WithHooks(h Hooks) Option {
 }
 
 // WithLogger sets the logger to which a [Keeper] reports renewal faults
-// (Debug), retries running short of time (Warn), and losses (Warn). The
-// default logs nothing.
+// (Debug) and losses (Warn), and [ClaimSlots] reports hosts that disagree
+// on a scope's limit (Warn). The default logs nothing.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }

@@ -196,27 +196,65 @@ func TestSlotCapHoldsUnderRaces(t *testing.T) {
 func TestClaimCostDoesNotGrowWithTheLimit(t *testing.T) {
 	t.Parallel()
 	for _, limit := range []int{1, 10, 1000} {
-		t.Run(strconv.Itoa(limit), func(t *testing.T) {
-			t.Parallel()
-			s := newSQLite(t)
-			scopes := []runlease.Scope{runlease.NamedScope("big", limit)}
-			for i := range limit - 1 {
-				put(t, s, "runslot:big:"+strconv.Itoa(i),
-					`{"holder":"h`+strconv.Itoa(i)+`","fence":0,"until_ms":`+strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)+`}`)
-			}
-			c := &testkit.Counting{Store: s}
-			sl, err := runlease.ClaimSlots(t.Context(), c, "last", scopes)
-			require.NoError(t, err)
-			assert.Equal(t, limit-1, sl.Held()[0].Slot, "the one free slot")
-			assert.Equal(t, int64(1), c.Scans.Load(), "one scan per scope")
-			assert.Equal(t, int64(1), c.CASes.Load(), "one write")
-			assert.Equal(t, int64(2), c.Total())
+		for _, batched := range []bool{true, false} {
+			t.Run(strconv.Itoa(limit)+"/batched="+strconv.FormatBool(batched), func(t *testing.T) {
+				t.Parallel()
+				s := newSQLite(t)
+				scopes := []runlease.Scope{runlease.NamedScope("big", limit)}
+				until := strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)
+				for i := range limit - 1 {
+					put(t, s, "runslot:big:"+strconv.Itoa(i), `{"holder":"h`+strconv.Itoa(i)+`","fence":0,"until_ms":`+until+`}`)
+				}
+				cb := testkit.NewCountingBatcher(s)
+				var store runlease.Store = &cb.Counting // hides MetaBatch: one CAS per scope
+				writes := &cb.Counting.CASes
+				if batched {
+					store, writes = cb, &cb.Batches
+				}
+				sl, err := runlease.ClaimSlots(t.Context(), store, "last", scopes)
+				require.NoError(t, err)
+				assert.Equal(t, limit-1, sl.Held()[0].Slot, "the one free slot")
+				assert.Equal(t, int64(1), cb.Scans.Load(), "one scan per scope")
+				assert.Equal(t, int64(1), writes.Load(), "one write")
+				assert.Equal(t, int64(2), cb.Total()+cb.Batches.Load())
 
-			c.Reset()
-			_, err = runlease.ClaimSlots(t.Context(), c, "one-too-many", scopes)
-			require.ErrorIs(t, err, runlease.ErrConcurrencyLimit)
-			assert.Equal(t, int64(1), c.Total(), "a refusal is one scan")
-		})
+				cb.Reset()
+				cb.Batches.Store(0)
+				_, err = runlease.ClaimSlots(t.Context(), store, "one-too-many", scopes)
+				require.ErrorIs(t, err, runlease.ErrConcurrencyLimit)
+				assert.Equal(t, int64(1), cb.Total()+cb.Batches.Load(), "a refusal is one scan")
+			})
+		}
+	}
+}
+
+func TestALoweredLimitDrainsAndIsReported(t *testing.T) {
+	t.Parallel()
+	s, clk := newSQLite(t), testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithTTL(time.Minute), runlease.WithClock(clk.Now)}
+	// Another host, configured with a limit of 5, ends up holding slots 2 and 3.
+	for _, run := range []string{"x", "y", "z", "w"} {
+		_, err := runlease.ClaimSlots(t.Context(), s, run, []runlease.Scope{runlease.MemScope(5)}, opts...)
+		require.NoError(t, err)
+	}
+	for _, k := range []string{"0", "1"} {
+		cur := get(t, s, "runslot:mem:"+k)
+		ok, err := s.MetaDelete(t.Context(), "runslot:mem:"+k, cur)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	high := rows(t, s) // runslot:mem:2, :3 — and this host's limit is 3
+
+	var events []runlease.LimitMismatchEvent
+	hooks := runlease.WithHooks(runlease.Hooks{LimitMismatch: func(e runlease.LimitMismatchEvent) { events = append(events, e) }})
+	three := []runlease.Scope{runlease.MemScope(3)}
+	_, err := runlease.ClaimSlots(t.Context(), s, "r1", three, append(opts, hooks)...)
+	require.NoError(t, err, "2 live < 3")
+	require.Equal(t, []runlease.LimitMismatchEvent{{Scope: "mem", Limit: 3, Live: 2, AboveLimit: 1}}, events)
+	_, err = runlease.ClaimSlots(t.Context(), s, "r2", three, append(opts, hooks)...)
+	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit, "3 live: the scope drains to the lower limit")
+	for _, r := range high {
+		assert.Equal(t, r.Value, get(t, s, r.Key), "never evicted")
 	}
 }
 

@@ -235,3 +235,20 @@ func (f *Faulty) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []run
 	}
 	return applied, nil
 }
+
+// CountingBatcher is a Counting store that also passes batches through to a
+// wrapped runlease.Batcher, counting them.
+type CountingBatcher struct {
+	Counting
+	Batches atomic.Int64
+}
+
+// NewCountingBatcher wraps s, which must be a runlease.Batcher.
+func NewCountingBatcher(s runlease.Store) *CountingBatcher {
+	return &CountingBatcher{Counting: Counting{Store: s}}
+}
+
+func (c *CountingBatcher) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runlease.Op) (bool, error) {
+	c.Batches.Add(1)
+	return c.Store.(runlease.Batcher).MetaBatch(ctx, conds, ops)
+}

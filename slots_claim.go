@@ -1,0 +1,211 @@
+package runlease
+
+import (
+	"context"
+	"errors"
+	"strconv"
+)
+
+// ClaimSlots claims one slot in each scope for runID, all or nothing, or
+// fails with a [*ConcurrencyLimitError] (matching [ErrConcurrencyLimit])
+// naming the first scope whose slots are all held. A run refused in any scope
+// holds no slot afterwards.
+//
+// The limit holds under races because slot k of a scope is one row taken by
+// compare-and-swap: never count-then-acquire. A run that already holds a slot
+// of a scope re-uses it rather than taking a second. A slot whose holder
+// stopped renewing is free again once its TTL has passed. Each scope costs
+// one scan and, uncontended, one write, whatever its limit.
+//
+// When every scope has a free slot but a later scope's slot is taken by a
+// racing claimant after an earlier scope's was written, the earlier slots are
+// put back as they were before ClaimSlots returns. A slot row that does not
+// parse is never overwritten: the claim fails with a [*CorruptRowError].
+// Invalid arguments fail with [ErrInvalidArgument] before anything is
+// written; the options are the TTL and the clock, as for [Acquire].
+func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, opts ...Option) (*Slots, error) {
+	o, err := buildOptions(store, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkName("runID", runID, maxHolderLen); err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	for _, sc := range scopes {
+		if err := sc.validate(); err != nil {
+			return nil, err
+		}
+		if seen[sc.name] {
+			return nil, invalidArg("scopes", "scope %q is listed twice", sc.name)
+		}
+		seen[sc.name] = true
+	}
+	s := &Slots{store: store, runID: runID, o: o}
+	// Read every scope before writing anything, so that a scope at its
+	// limit refuses the claim without a single write.
+	plans := make([][]slotCandidate, len(scopes))
+	for i, sc := range scopes {
+		if plans[i], err = s.plan(ctx, sc); err != nil {
+			return nil, err
+		}
+	}
+	row := leaseRow{Holder: runID, UntilMS: o.nowMS() + o.ttl.Milliseconds()}.encode()
+	if b, ok := store.(Batcher); ok && len(scopes) > 0 {
+		if err := s.claimBatch(ctx, b, scopes, plans, row); err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	for i, sc := range scopes {
+		if err := s.claimOne(ctx, sc, plans[i], row); err != nil {
+			return nil, errors.Join(err, s.rollback(ctx))
+		}
+	}
+	return s, nil
+}
+
+// claimBatchTries bounds how often a batched claim that lost a race to
+// another claimant reads the scopes again and retries.
+const claimBatchTries = 8
+
+// claimBatch writes one slot of every scope in one atomic batch, conditional
+// on each slot still being as the scan found it, so that a claim refused in
+// any scope never writes anything, not even briefly. A lost race reads the
+// scopes again and retries.
+func (s *Slots) claimBatch(ctx context.Context, b Batcher, scopes []Scope, plans [][]slotCandidate, row string) error {
+	for try := 0; ; try++ {
+		conds := make([]Cond, len(scopes))
+		ops := make([]Op, len(scopes))
+		held := make([]heldSlot, len(scopes))
+		for i, sc := range scopes {
+			c := plans[i][0]
+			key := sc.prefix() + strconv.Itoa(c.slot)
+			conds[i], ops[i] = Cond{Key: key, Value: c.expected}, Put(key, row)
+			held[i] = heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row, prev: c.expected}
+		}
+		ok, err := batchResolved(ctx, b, s.store, conds, ops)
+		if err != nil || ok {
+			if ok {
+				s.held = held
+			}
+			return err
+		}
+		if try == claimBatchTries-1 {
+			return &ConcurrencyLimitError{Scope: scopes[0].name, Limit: scopes[0].limit}
+		}
+		for i, sc := range scopes {
+			if plans[i], err = s.plan(ctx, sc); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// slotCandidate is a slot that a scan found free (or ours), and the row to
+// present when writing it (nil: absent).
+type slotCandidate struct {
+	slot     int
+	expected *string
+}
+
+// plan scans one scope and returns the slots to try in order: this run's own
+// slot first, then free ones from slot 0 up. It fails when the scope's live
+// holders already reach its limit, counting slots numbered at or above the
+// limit (left by a host with a higher limit) so a lowered limit drains.
+func (s *Slots) plan(ctx context.Context, sc Scope) ([]slotCandidate, error) {
+	rows, err := s.store.MetaScan(ctx, sc.prefix())
+	if err != nil {
+		return nil, err
+	}
+	now := s.o.nowMS()
+	taken := make(map[int]string, len(rows))
+	var own []slotCandidate
+	live, above := 0, 0
+	for _, r := range rows {
+		scope, slot, ok := parseSlotKey(r.Key)
+		if !ok || scope != sc.name {
+			continue // a longer scope name that shares this prefix
+		}
+		row, err := decodeRow(r.Value)
+		if err != nil {
+			return nil, corruptRow(r.Key, r.Value, err)
+		}
+		taken[slot] = r.Value
+		if row.Holder == s.runID && slot < sc.limit {
+			own = append(own, slotCandidate{slot, &r.Value})
+		} else if row.live(now) {
+			live++
+			if slot >= sc.limit {
+				above++
+			}
+		}
+	}
+	if above > 0 {
+		s.reportLimitMismatch(sc, live, above)
+	}
+	if len(own) == 0 && live >= sc.limit {
+		return nil, &ConcurrencyLimitError{Scope: sc.name, Limit: sc.limit}
+	}
+	out := own[:min(len(own), 1)]
+	for k := 0; k < sc.limit && len(out) < sc.limit-live; k++ {
+		raw, ok := taken[k]
+		if !ok {
+			out = append(out, slotCandidate{slot: k})
+		} else if row, _ := decodeRow(raw); !row.live(now) && row.Holder != s.runID {
+			out = append(out, slotCandidate{k, &raw})
+		}
+	}
+	if len(out) == 0 {
+		return nil, &ConcurrencyLimitError{Scope: sc.name, Limit: sc.limit}
+	}
+	return out, nil
+}
+
+// reportLimitMismatch tells the hooks and the logger that live slots sit at
+// or above this host's limit for the scope: another host claims with a
+// higher limit, or the limit was lowered. They are never evicted; the scope
+// drains to the lower limit as they are released.
+func (s *Slots) reportLimitMismatch(sc Scope, live, above int) {
+	if s.o.logger != nil {
+		s.o.logger.Warn("runlease: live slots at or above this host's limit; hosts disagree on the limit",
+			"scope", sc.name, "limit", sc.limit, "live", live, "above_limit", above)
+	}
+	if h := s.o.hooks.LimitMismatch; h != nil {
+		h(LimitMismatchEvent{Scope: sc.name, Limit: sc.limit, Live: live, AboveLimit: above})
+	}
+}
+
+// claimOne writes the first candidate slot it can win.
+func (s *Slots) claimOne(ctx context.Context, sc Scope, cands []slotCandidate, row string) error {
+	for _, c := range cands {
+		key := sc.prefix() + strconv.Itoa(c.slot)
+		ok, err := casResolved(ctx, s.store, key, c.expected, row)
+		if err != nil {
+			return err
+		}
+		if ok {
+			s.held = append(s.held, heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row, prev: c.expected})
+			return nil
+		}
+		// Another claimant took this slot between the scan and the write.
+	}
+	return &ConcurrencyLimitError{Scope: sc.name, Limit: sc.limit}
+}
+
+// rollback puts the slots written by an unfinished claim back as they were.
+// If that fails, the slot is left to expire after its TTL.
+func (s *Slots) rollback(ctx context.Context) error {
+	var errs []error
+	for _, h := range s.held {
+		var err error
+		if h.prev == nil {
+			_, err = deleteResolved(ctx, s.store, h.key, h.seen)
+		} else {
+			_, err = casResolved(ctx, s.store, h.key, &h.seen, *h.prev)
+		}
+		errs = append(errs, err)
+	}
+	s.held = nil
+	return errors.Join(errs...)
+}
