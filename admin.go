@@ -67,7 +67,7 @@ func ForceRelease(ctx context.Context, store Store, info LeaseInfo, opts ...Opti
 	}
 	key := LeasePrefix + info.RunID
 	tomb := leaseRow{Fence: info.Fence, UntilMS: min(o.nowMS(), info.Until.UnixMilli())}.encode()
-	ok, err := casResolved(ctx, store, key, &info.Row, tomb)
+	ok, err := casNotify(ctx, store, key, &info.Row, tomb)
 	if err != nil || ok {
 		return err
 	}

@@ -187,9 +187,9 @@ func (l *Lease) lostError(ctx context.Context) (*LeaseLostError, string) {
 // it the row to present next time. A row from an earlier call whose outcome
 // stayed unknown counts as this lease's own: if the store holds it, swap
 // adopts it and tries again, so a lost reply never turns into a false loss.
-func (l *Lease) swap(ctx context.Context, next string, extra []Op) error {
+func (l *Lease) swap(ctx context.Context, next string, extra []Op, notify bool) error {
 	for {
-		ok, err := l.condWrite(ctx, next, extra)
+		ok, err := l.condWrite(ctx, next, extra, notify)
 		if err != nil {
 			if IsOutcomeUnknown(err) && len(l.unsure) < maxUnsure {
 				l.unsure = append(l.unsure, next)
@@ -210,9 +210,13 @@ func (l *Lease) swap(ctx context.Context, next string, extra []Op) error {
 }
 
 // condWrite writes next over the row this lease last wrote, with the extra
-// ops in the same atomic batch when there are any.
-func (l *Lease) condWrite(ctx context.Context, next string, extra []Op) (bool, error) {
-	if len(extra) == 0 {
+// ops in the same atomic batch when there are any, waking the run's waiters
+// when notify is set and the store can.
+func (l *Lease) condWrite(ctx context.Context, next string, extra []Op, notify bool) (bool, error) {
+	switch {
+	case notify:
+		return casNotify(ctx, l.store, l.key, &l.seen, next)
+	case len(extra) == 0:
 		return casResolved(ctx, l.store, l.key, &l.seen, next)
 	}
 	ops := append([]Op{Put(l.key, next)}, extra...)
@@ -276,7 +280,7 @@ func (l *Lease) renew(ctx context.Context, extra []Op) error {
 	}
 	start := time.Now()
 	row := leaseRow{Holder: l.holder, Fence: l.fence, UntilMS: l.o.nowMS() + l.o.ttl.Milliseconds()}
-	if err := l.swap(ctx, row.encode(), extra); err != nil {
+	if err := l.swap(ctx, row.encode(), extra, false); err != nil {
 		return err
 	}
 	l.until, l.trustFrom = row.until(), start
@@ -301,7 +305,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l.lost != nil {
 		return l.lost
 	}
-	if err := l.swap(ctx, leaseRow{Fence: l.fence, UntilMS: l.o.nowMS()}.encode(), nil); err != nil {
+	if err := l.swap(ctx, leaseRow{Fence: l.fence, UntilMS: l.o.nowMS()}.encode(), nil, true); err != nil {
 		return err
 	}
 	l.released = true

@@ -38,6 +38,8 @@ type options struct {
 	// uncertainty is how far now may be from the store's clock.
 	uncertainty time.Duration
 
+	poll time.Duration // read by AcquireWait only
+
 	// Read by Keep only.
 	interval, margin time.Duration
 	slots            *Slots
@@ -71,7 +73,7 @@ func WithClock(now func() time.Time) Option {
 // buildOptions applies opts over the defaults, taking the clock from store
 // when it has one and no clock was given.
 func buildOptions(store Store, opts []Option) (options, error) {
-	o := options{ttl: DefaultTTL}
+	o := options{ttl: DefaultTTL, poll: DefaultWaitPoll}
 	if store == nil {
 		return o, invalidArg("store", "nil")
 	}

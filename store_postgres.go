@@ -159,19 +159,22 @@ func (e *SchemaError) Is(target error) bool { return target == ErrSchemaMismatch
 // It needs PostgreSQL 12 or later. A PostgresStore is safe for concurrent
 // use.
 type PostgresStore struct {
-	pool   *pgxpool.Pool
-	owned  bool   // the pool was opened by OpenPostgres, and Close closes it
-	table  string // as given to WithTable
-	secret string // the password of the pool's config, kept out of messages
-	q      pgQueries
-	clock  *pgClock
-	closed atomic.Bool
+	pool    *pgxpool.Pool
+	owned   bool   // the pool was opened by OpenPostgres, and Close closes it
+	table   string // as given to WithTable
+	secret  string // the password of the pool's config, kept out of messages
+	q       pgQueries
+	clock   *pgClock
+	channel string // the table's LISTEN/NOTIFY channel
+	listen  pgListener
+	closed  atomic.Bool
 }
 
 // pgQueries are the statements for one table, formatted at open.
 type pgQueries struct {
 	get, insert, update, del, scan, scanOpen string
 	batchHold, batchApply                    string
+	insertNotify, updateNotify               string
 }
 
 // OpenPostgres opens a pool on dsn (a pgx connection string: a URL or
@@ -253,6 +256,9 @@ func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned 
 		},
 	}
 	formatBatch(&s.q, t)
+	s.q.insertNotify = fmt.Sprintf(pgInsertNotify, t)
+	s.q.updateNotify = fmt.Sprintf(pgUpdateNotify, t)
+	s.channel = pgChannel(t)
 	if err := s.prepareTable(ctx, op, t, o.create); err != nil {
 		return nil, err
 	}
@@ -371,6 +377,7 @@ func (s *PostgresStore) Close() error {
 		return nil
 	}
 	s.stopClock()
+	s.stopListening(false)
 	if s.owned {
 		s.pool.Close()
 	}

@@ -51,6 +51,7 @@ type SQLiteStore struct {
 	lock   *os.File // the writer lock; nil for :memory:
 	w, r   *sql.DB  // r == w for :memory:, whose data lives in one connection
 	stmts  sqliteStmts
+	subs   subscribers
 	closed atomic.Bool
 }
 

@@ -58,3 +58,19 @@ func (s *SQLiteStore) batchOp(ctx context.Context, tx *sql.Tx, op Op) error {
 	_, err := tx.ExecContext(ctx, sqliteUpsert, op.Key, op.Value)
 	return err
 }
+
+// MetaCASNotify implements [Notifier] within this process: MetaCAS that wakes
+// the key's subscribers when it writes.
+func (s *SQLiteStore) MetaCASNotify(ctx context.Context, key string, expected *string, value string) (bool, error) {
+	ok, err := s.MetaCAS(ctx, key, expected, value)
+	if ok {
+		s.subs.wake(key)
+	}
+	return ok, err
+}
+
+// Subscribe implements [Notifier]. Only writes through this store wake its
+// subscribers, which is every write: one process owns the file.
+func (s *SQLiteStore) Subscribe(key string) (<-chan struct{}, func()) {
+	return s.subs.subscribe(key)
+}
