@@ -17,7 +17,8 @@ Demo plays a short scenario on an embedded SQLite store and prints its
 timeline: drivers acquire runs and claim concurrency slots, a second driver
 is refused (RUN-E021) and told when takeover becomes possible, a stalled
 driver's lease expires and is taken over at a higher fence, the stalled
-driver's renewal is refused, a run beyond a slot limit is refused (RUN-E022),
+driver's fenced checkpoint write and its renewal are refused, a run beyond a
+slot limit is refused (RUN-E022),
 keepers renew two leases through a superstep longer than the TTL, and the
 final status table is printed.
 

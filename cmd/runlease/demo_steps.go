@@ -25,7 +25,7 @@ func (d *demo) play() error {
 		func() error { return d.refuse(b) },
 		func() error { return d.stall(a) },
 		func() error { return d.takeOver(b, a) },
-		func() error { return d.staleRenewal(a) },
+		func() error { return d.wake(a) },
 		func() error { return d.fill(c) },
 		func() error { return d.overLimit(x) },
 		func() error { return d.superstep(b, c, x) },
@@ -37,6 +37,10 @@ func (d *demo) play() error {
 	}
 	return nil
 }
+
+// demoCheckpoint is the key of the nightly-report run's checkpoint, which
+// its drivers write with fenced writes (Lease.Write).
+const demoCheckpoint = "ckpt:nightly-report"
 
 // unexpected reports a step whose outcome was not the scenario's.
 func unexpected(what string, err error) error {
@@ -94,23 +98,26 @@ func (d *demo) refuse(b *driver) error {
 	return nil
 }
 
-// stall: driver-a renews once, then stops renewing until its lease expires.
+// stall: driver-a checkpoints once, then stops renewing until its lease
+// expires.
 func (d *demo) stall(a *driver) error {
 	d.until(10 * time.Second)
-	if err := a.lease.Renew(d.ctx); err != nil {
+	if err := a.lease.Write(d.ctx, runlease.Put(demoCheckpoint, "step 1 done by driver-a")); err != nil {
 		return err
 	}
 	if err := a.slots.Renew(d.ctx); err != nil {
 		return err
 	}
-	d.say("%s renews its lease and slots: held until %s", a.name, d.rel(a.lease.Expiry()))
+	d.say("%s checkpoints step 1 with a fenced write, which renews its lease: held until %s",
+		a.name, d.rel(a.lease.Expiry()))
 	d.say("%s stalls (a long GC pause, a frozen VM) and stops renewing", a.name)
 	d.until(40 * time.Second)
 	info, err := runlease.Peek(d.ctx, d.store, "nightly-report", d.opts()...)
 	if err != nil {
 		return err
 	}
-	d.say("%s's lease expires: \"runlease peek nightly-report\" now says %s (exit status %d)", a.name, leaseState(info), exitFree)
+	d.say("%s's lease expires: \"runlease peek nightly-report\" now says %s (exit status %d)",
+		a.name, leaseState(info), exitFree)
 	return nil
 }
 
@@ -121,26 +128,43 @@ func (d *demo) takeOver(b, a *driver) error {
 		return err
 	}
 	d.detail("a takeover: fence %d is higher than %s's fence %d", b.lease.Fence(), a.name, a.lease.Fence())
-	return d.claim(b, "reports", " (the run's own slots, expired)")
+	if err := d.claim(b, "reports", " (the run's own slots, expired)"); err != nil {
+		return err
+	}
+	ckpt, _, err := d.store.MetaGet(d.ctx, demoCheckpoint)
+	if err != nil {
+		return err
+	}
+	if err := b.lease.Write(d.ctx, runlease.Put(demoCheckpoint, "step 2 done by driver-b")); err != nil {
+		return err
+	}
+	d.say("%s resumes after %q and checkpoints step 2 at fence %d", b.name, ckpt, b.lease.Fence())
+	return nil
 }
 
-// staleRenewal: the stalled driver wakes up and learns it must stop.
-func (d *demo) staleRenewal(a *driver) error {
+// wake: the stalled driver resumes where it stopped and learns, from its
+// checkpoint and its renewal, that it must stop.
+func (d *demo) wake(a *driver) error {
 	d.until(42 * time.Second)
-	err := a.lease.Renew(d.ctx)
+	err := a.lease.Write(d.ctx, runlease.Put(demoCheckpoint, "step 2 done by driver-a"))
+	if !errors.Is(err, runlease.ErrLeaseLost) {
+		return unexpected("driver-a's checkpoint after the takeover", err)
+	}
+	d.say("%s wakes up and checkpoints step 2 at fence %d: refused", a.name, a.lease.Fence())
+	d.detail("%v", err)
+	ckpt, _, err := d.store.MetaGet(d.ctx, demoCheckpoint)
+	if err != nil {
+		return err
+	}
+	d.detail("nothing was written: the checkpoint is still %q", ckpt)
+	err = a.lease.Renew(d.ctx)
 	if !errors.Is(err, runlease.ErrLeaseLost) {
 		return unexpected("driver-a renews after the takeover", err)
 	}
-	d.say("%s wakes up and renews: refused", a.name)
-	d.detail("%v", err)
-	d.detail("%s stops: it must not advance the run at fence %d", a.name, a.lease.Fence())
-	return d.staleCheckpoint(a)
+	d.say("%s renews: refused (%s); it stops: it must not advance the run at fence %d",
+		a.name, runlease.Code(err), a.lease.Fence())
+	return nil
 }
-
-// staleCheckpoint is the place for the stalled driver's fenced checkpoint
-// write, refused because a higher fence holds the run, once the library
-// offers fenced writes. Until then it shows nothing.
-func (d *demo) staleCheckpoint(*driver) error { return nil }
 
 // fill: a third driver's run takes the last free slot of scope mem.
 func (d *demo) fill(c *driver) error {
