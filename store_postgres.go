@@ -175,6 +175,7 @@ type pgQueries struct {
 	get, insert, update, del, scan, scanOpen string
 	batchHold, batchApply                    string
 	insertNotify, updateNotify               string
+	casMany                                  string
 }
 
 // OpenPostgres opens a pool on dsn (a pgx connection string: a URL or
@@ -256,6 +257,7 @@ func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned 
 		},
 	}
 	formatBatch(&s.q, t)
+	formatCASMany(&s.q, t)
 	s.q.insertNotify = fmt.Sprintf(pgInsertNotify, t)
 	s.q.updateNotify = fmt.Sprintf(pgUpdateNotify, t)
 	s.channel = pgChannel(t)

@@ -74,3 +74,52 @@ func (s *SQLiteStore) MetaCASNotify(ctx context.Context, key string, expected *s
 func (s *SQLiteStore) Subscribe(key string) (<-chan struct{}, func()) {
 	return s.subs.subscribe(key)
 }
+
+// MetaCASMany implements [MultiCASer] in one transaction: one commit, and
+// one sync to disk, for all the writes.
+func (s *SQLiteStore) MetaCASMany(ctx context.Context, writes []CASWrite) (swapped []bool, err error) {
+	if s.closed.Load() {
+		return nil, ErrStoreClosed
+	}
+	if s.w == nil {
+		return nil, invalidArg("store", "%q was opened read-only", s.path)
+	}
+	if err := CheckCASMany(writes); err != nil {
+		return nil, err
+	}
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, s.fault("MetaCASMany", "", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	insert, update := tx.StmtContext(ctx, s.stmts.insert), tx.StmtContext(ctx, s.stmts.update)
+	swapped = make([]bool, len(writes))
+	for i, w := range writes {
+		var res sql.Result
+		if w.Expected == nil {
+			res, err = insert.ExecContext(ctx, w.Key, w.Value)
+		} else if CheckValue(*w.Expected) == nil {
+			res, err = update.ExecContext(ctx, w.Value, w.Key, *w.Expected)
+		} else {
+			continue // no row can hold it
+		}
+		if err == nil {
+			var n int64
+			n, err = res.RowsAffected()
+			swapped[i] = n == 1
+		}
+		if err != nil {
+			return nil, s.fault("MetaCASMany", w.Key, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, s.fault("MetaCASMany", "", err)
+	}
+	committed = true
+	return swapped, nil
+}

@@ -66,6 +66,7 @@ func Run(t *testing.T, newStore func(t *testing.T) runlease.Store) {
 		{"cancelled_context", testCancelledContext},
 		{"mixed_load", testMixedLoad},
 		{"batch", testBatch},
+		{"multi_cas", testMultiCAS},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
