@@ -156,20 +156,31 @@ func (c *cli) parse(fs *cmdFlags, args []string) ([]string, error) {
 
 // confirm asks question on the terminal and reports whether the answer was
 // yes. It does not ask, and says yes, when stdin is not a terminal: scripts
-// have already said --force or chosen the command.
+// have already said --force or chosen the command. An interrupt (which
+// run catches) or the end of input is a no.
 func (c *cli) confirm(question string) bool {
 	if !c.isTerminal(c.rawStdin) {
 		return true
 	}
 	fmt.Fprintf(c.stdout, "%s [y/N] ", question)
-	answer, err := c.stdin.ReadString('\n')
-	if err != nil && answer == "" {
-		fmt.Fprintln(c.stdout) // end of input: no
-		return false
-	}
-	switch strings.ToLower(strings.TrimSpace(answer)) {
-	case "y", "yes":
-		return true
+	// Read aside, so that an interrupt is not stuck behind a blocked read;
+	// the process exits right after, so the reader is not left behind long.
+	answer := make(chan string, 1)
+	go func() {
+		line, _ := c.stdin.ReadString('\n')
+		answer <- line
+	}()
+	select {
+	case line := <-answer:
+		if !strings.HasSuffix(line, "\n") {
+			fmt.Fprintln(c.stdout)
+		}
+		switch strings.ToLower(strings.TrimSpace(line)) {
+		case "y", "yes":
+			return true
+		}
+	case <-c.ctx.Done():
+		fmt.Fprintln(c.stdout)
 	}
 	return false
 }

@@ -16,7 +16,8 @@ Prune removes lease rows that were released or expired, and slot rows that
 expired, longer than DURATION ago. Live leases and corrupt rows are never
 removed, and each delete is conditional on the row read, so a lease taken
 meanwhile stays. It lists the rows first, then asks for confirmation when
-stdin is a terminal (unless --yes); --dry-run only lists them.
+stdin is a terminal (unless --yes; answering no exits 1); --dry-run only
+lists them.
 
 ` + fenceWarning + `
 

@@ -16,8 +16,9 @@ import (
 const redacted = "xxxxx"
 
 var (
-	// userinfoPassword matches the password of a URL's userinfo.
-	userinfoPassword = regexp.MustCompile(`(://[^:/@\s]*:)([^@\s]+)(@)`)
+	// userinfoPassword matches the password of a URL's userinfo, up to the
+	// last '@' of the authority, as net/url reads it.
+	userinfoPassword = regexp.MustCompile(`(://[^:/@\s]*:)([^/\s]+)(@)`)
 	// keyPassword matches password=… in key=value DSNs and URL queries,
 	// quoted or not.
 	keyPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&'"]+)`)

@@ -61,6 +61,7 @@ func TestRedact(t *testing.T) {
 		{"postgres://u:p%40ss@h/d", "p@ss and p%40ss", "xxxxx and xxxxx"},
 		{"postgres://u:pw@h/d", "a short pw stays in prose", "a short pw stays in prose"},
 		{"postgres://u:pw@h/d", "postgres://u:pw@h/d", "postgres://u:xxxxx@h/d"},
+		{"postgres://u:p@ss@h/d", "dial postgres://u:p@ss@h/d: p@ss", "dial postgres://u:xxxxx@h/d: xxxxx"},
 	} {
 		c := newCLI(t.Context(), nil, nil, nil)
 		c.getenv = func(string) string { return "" }

@@ -21,8 +21,9 @@ released) and must stop then; until that renewal it may still be working.
 
 It needs the store's writer: an embedded store that a driver has open is
 refused with RUN-E010; stop the driver, or use a shared Postgres store.
-Refuses to run without --force. Releasing a lease that is already released
-does nothing and succeeds.
+Refuses to run without --force. Answering no at the prompt changes nothing
+and exits 1. Releasing a lease that is already released does nothing and
+succeeds.
 `
 
 func (c *cli) release(args []string) error {

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
+	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -90,4 +93,23 @@ func TestReleaseRefusals(t *testing.T) {
 	r = runCLI(t, "release", runReleased, "--force", "--db", path)
 	assert.Equal(t, exitOK, r.code, "releasing a released lease is a no-op: %s", r.stderr)
 	assert.Contains(t, r.stdout, "run released-run is already released (fence 2); nothing to do")
+}
+
+func TestAnInterruptAtThePromptChangesNothing(t *testing.T) {
+	t.Parallel()
+	path := newDB(t)
+	stdin, _ := io.Pipe() // nobody answers
+	ctx, interrupt := context.WithCancel(t.Context())
+	out := &syncBuffer{}
+	done := make(chan result, 1)
+	go func() {
+		done <- session{ctx: ctx, stdin: stdin, tty: true, stdout: out}.run(t, "release", runLive, "--force", "--db", path)
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "[y/N] ") },
+		10*time.Second, 10*time.Millisecond)
+	interrupt()
+	r := <-done
+	assert.Equal(t, exitError, r.code)
+	assert.Contains(t, r.stderr, "aborted at the prompt")
+	assert.False(t, peekRow(t, openDB(t, path), runLive).Released)
 }

@@ -17,94 +17,113 @@ import (
 	"github.com/areev/runlease"
 )
 
-func TestStatus(t *testing.T) {
+func TestStatusListsEveryLeaseAndScopeForPeople(t *testing.T) {
 	t.Parallel()
 	path := newDB(t)
+	r := runCLI(t, "status", "--db", path, "--limit", "mem=4")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	for _, re := range []string{
+		`(?m)^store sqlite:` + regexp.QuoteMeta(path) + ` at \d{4}-`,
+		`(?m)^RUN\s+HOLDER\s+FENCE\s+STATE\s+EXPIRES\s+TAKEOVER$`,
+		`(?m)^` + runLive + `\s+alice#node-1\s+1\s+live\s+in [0-9ms]+\s+at \d{4}-\S+Z$`,
+		`(?m)^` + runExpired + `\s+bob#node-2\s+1\s+expired\s+1h59m(\d+s)? ago\s+possible now$`,
+		`(?m)^` + runReleased + `\s+-\s+2\s+released\s+released 3h(\d+s)? ago\s+possible now$`,
+		`(?m)^` + runCorrupt + `\s+-\s+-\s+corrupt\s+-\s+never: inspect the row$`,
+		`(?m)^SCOPE\s+USED\s+HOLDERS$`,
+		`(?m)^mem\s+1/4\s+live-run \(slot 0, in [0-9ms]+\)$`,
+		`(?m)^principal:alice\s+1\s+live-run \(slot 0, in [0-9ms]+\)$`,
+	} {
+		assert.Regexp(t, re, r.stdout)
+	}
+	assert.Empty(t, r.stderr)
+}
 
-	t.Run("lists_every_lease_and_scope_for_people", func(t *testing.T) {
-		t.Parallel()
-		r := runCLI(t, "status", "--db", path, "--limit", "mem=4")
-		require.Equal(t, exitOK, r.code, r.stderr)
-		for _, re := range []string{
-			`(?m)^store sqlite:` + regexp.QuoteMeta(path) + ` at \d{4}-`,
-			`(?m)^RUN\s+HOLDER\s+FENCE\s+STATE\s+EXPIRES\s+TAKEOVER$`,
-			`(?m)^` + runLive + `\s+alice#node-1\s+1\s+live\s+in [0-9ms]+\s+at \d{4}-\S+Z$`,
-			`(?m)^` + runExpired + `\s+bob#node-2\s+1\s+expired\s+1h59m(\d+s)? ago\s+possible now$`,
-			`(?m)^` + runReleased + `\s+-\s+2\s+released\s+released 3h(\d+s)? ago\s+possible now$`,
-			`(?m)^` + runCorrupt + `\s+-\s+-\s+corrupt\s+-\s+never: inspect the row$`,
-			`(?m)^SCOPE\s+USED\s+HOLDERS$`,
-			`(?m)^mem\s+1/4\s+live-run \(slot 0, in [0-9ms]+\)$`,
-			`(?m)^principal:alice\s+1\s+live-run \(slot 0, in [0-9ms]+\)$`,
-		} {
-			assert.Regexp(t, re, r.stdout)
-		}
-		assert.Empty(t, r.stderr)
-	})
+func TestStatusPrintsJSONForScripts(t *testing.T) {
+	t.Parallel()
+	path := newDB(t)
+	r := runCLI(t, "status", "--json", "--db", path, "--limit", "mem=4", "--limit", "principal:bob=2")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	doc := decodeStatus(t, r.stdout)
+	assert.Equal(t, "sqlite:"+path, doc.Store)
+	assert.WithinDuration(t, time.Now(), doc.Now, time.Minute)
+	require.Len(t, doc.Leases, 4)
 
-	t.Run("prints_stable_json", func(t *testing.T) {
-		t.Parallel()
-		r := runCLI(t, "status", "--json", "--db", path, "--limit", "mem=4", "--limit", "principal:bob=2")
-		require.Equal(t, exitOK, r.code, r.stderr)
-		doc := decodeStatus(t, r.stdout)
-		assert.Equal(t, "sqlite:"+path, doc.Store)
-		assert.WithinDuration(t, time.Now(), doc.Now, time.Minute)
-		require.Len(t, doc.Leases, 4)
+	live := doc.lease(t, runLive)
+	assert.Equal(t, stateLive, live.State)
+	assert.Equal(t, liveHolder, live.Holder)
+	assert.Equal(t, uint64(1), live.Fence)
+	require.NotNil(t, live.Until)
+	assert.Positive(t, *live.ExpiresInMS)
+	assert.False(t, live.TakeoverPossible)
+	assert.Equal(t, *live.Until, *live.TakeoverAt)
+	assert.Contains(t, live.Row, `"holder":"alice#node-1"`)
 
-		live := doc.lease(t, runLive)
-		assert.Equal(t, stateLive, live.State)
-		assert.Equal(t, liveHolder, live.Holder)
-		assert.Equal(t, uint64(1), live.Fence)
-		require.NotNil(t, live.Until)
-		assert.Positive(t, *live.ExpiresInMS)
-		assert.False(t, live.TakeoverPossible)
-		assert.Equal(t, *live.Until, *live.TakeoverAt)
-		assert.Contains(t, live.Row, `"holder":"alice#node-1"`)
+	expired := doc.lease(t, runExpired)
+	assert.Equal(t, stateExpired, expired.State)
+	assert.Less(t, *expired.ExpiresInMS, -int64(time.Hour/time.Millisecond))
+	assert.True(t, expired.TakeoverPossible)
 
-		expired := doc.lease(t, runExpired)
-		assert.Equal(t, stateExpired, expired.State)
-		assert.Less(t, *expired.ExpiresInMS, -int64(time.Hour/time.Millisecond))
-		assert.True(t, expired.TakeoverPossible)
+	released := doc.lease(t, runReleased)
+	assert.Equal(t, stateReleased, released.State)
+	assert.Empty(t, released.Holder)
+	assert.Equal(t, uint64(2), released.Fence, "a released row keeps its fence")
+	assert.True(t, released.TakeoverPossible)
 
-		released := doc.lease(t, runReleased)
-		assert.Equal(t, stateReleased, released.State)
-		assert.Empty(t, released.Holder)
-		assert.Equal(t, uint64(2), released.Fence, "a released row keeps its fence")
-		assert.True(t, released.TakeoverPossible)
+	corrupt := doc.lease(t, runCorrupt)
+	assert.Equal(t, stateCorrupt, corrupt.State)
+	assert.Nil(t, corrupt.Until)
+	assert.Nil(t, corrupt.TakeoverAt)
+	assert.False(t, corrupt.TakeoverPossible)
+	assert.Equal(t, "{not json", corrupt.Row)
 
-		corrupt := doc.lease(t, runCorrupt)
-		assert.Equal(t, stateCorrupt, corrupt.State)
-		assert.Nil(t, corrupt.Until)
-		assert.Nil(t, corrupt.TakeoverAt)
-		assert.False(t, corrupt.TakeoverPossible)
-		assert.Equal(t, "{not json", corrupt.Row)
+	mem := doc.scope(t, "mem")
+	assert.Equal(t, 1, mem.Used, "the expired slot is free")
+	require.NotNil(t, mem.Limit)
+	assert.Equal(t, 4, *mem.Limit)
+	require.Len(t, mem.Slots, 1)
+	assert.Equal(t, runLive, mem.Slots[0].RunID)
+	assert.Equal(t, "runslot:mem:0", mem.Slots[0].Key)
+	assert.Positive(t, *mem.Slots[0].ExpiresInMS)
+	assert.Nil(t, doc.scope(t, "principal:alice").Limit, "no --limit for it")
+	assert.Equal(t, 0, doc.scope(t, "principal:bob").Used)
+}
 
-		mem := doc.scope(t, "mem")
-		assert.Equal(t, 1, mem.Used, "the expired slot is free")
-		require.NotNil(t, mem.Limit)
-		assert.Equal(t, 4, *mem.Limit)
-		require.Len(t, mem.Slots, 1)
-		assert.Equal(t, runLive, mem.Slots[0].RunID)
-		assert.Equal(t, "runslot:mem:0", mem.Slots[0].Key)
-		assert.Positive(t, *mem.Slots[0].ExpiresInMS)
-		assert.Nil(t, doc.scope(t, "principal:alice").Limit, "no --limit for it")
-		assert.Equal(t, 0, doc.scope(t, "principal:bob").Used)
-	})
+func TestStatusJSONFieldNamesAreStable(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, "status", "--json", "--db", newDB(t))
+	require.Equal(t, exitOK, r.code, r.stderr)
+	var doc struct {
+		Leases []map[string]any
+		Scopes []map[string]any
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &doc))
+	assert.Equal(t, []string{"expires_in_ms", "fence", "holder", "row", "run_id", "state",
+		"takeover_at", "takeover_possible", "until"}, keys(doc.Leases[0]))
+	assert.Equal(t, []string{"limit", "scope", "slots", "used"}, keys(doc.Scopes[0]))
+	slot := doc.Scopes[0]["slots"].([]any)[0].(map[string]any)
+	assert.Equal(t, []string{"corrupt", "expires_in_ms", "key", "run_id", "slot", "until"}, keys(slot))
+}
 
-	t.Run("json_field_names_are_stable", func(t *testing.T) {
-		t.Parallel()
-		r := runCLI(t, "status", "--json", "--db", path)
-		require.Equal(t, exitOK, r.code, r.stderr)
-		var doc struct {
-			Leases []map[string]any
-			Scopes []map[string]any
-		}
-		require.NoError(t, json.Unmarshal([]byte(r.stdout), &doc))
-		assert.Equal(t, []string{"expires_in_ms", "fence", "holder", "row", "run_id", "state",
-			"takeover_at", "takeover_possible", "until"}, keys(doc.Leases[0]))
-		assert.Equal(t, []string{"limit", "scope", "slots", "used"}, keys(doc.Scopes[0]))
-		slot := doc.Scopes[0]["slots"].([]any)[0].(map[string]any)
-		assert.Equal(t, []string{"corrupt", "expires_in_ms", "key", "run_id", "slot", "until"}, keys(slot))
-	})
+func TestStatusShowsCorruptSlotRows(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "runs.db")
+	s, err := runlease.OpenSQLite(path)
+	require.NoError(t, err)
+	ok, err := s.MetaCAS(t.Context(), "runslot:mem:3", nil, "garbage")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, s.Close())
+
+	r := runCLI(t, "status", "--db", path, "--limit", "mem=4")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.Regexp(t, `(?m)^mem\s+1/4\s+corrupt row "runslot:mem:3"$`, r.stdout, "it blocks its slot")
+
+	r = runCLI(t, "status", "--db", path, "--json")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	slot := decodeStatus(t, r.stdout).scope(t, "mem").Slots[0]
+	assert.True(t, slot.Corrupt)
+	assert.Equal(t, 3, slot.Slot)
+	assert.Nil(t, slot.Until)
 }
 
 func keys(m map[string]any) []string {
