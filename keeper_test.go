@@ -248,9 +248,9 @@ func TestKeeper(t *testing.T) {
 		})
 	})
 
-	t.Run("one_renewer_keeps_many_leases_without_a_goroutine_each", func(t *testing.T) {
+	t.Run("one_renewer_keeps_many_leases_in_batches_without_a_goroutine_each", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			s := bubbleStore(t)
+			s := testkit.NewCountingBatcher(bubbleStore(t))
 			var r runlease.Renewer
 			before := runtime.NumGoroutine()
 			const n = 100
@@ -263,14 +263,42 @@ func TestKeeper(t *testing.T) {
 			}
 			synctest.Wait()
 			assert.Less(t, runtime.NumGoroutine()-before, 10, "one loop, not one goroutine per lease")
+			s.Reset()
 			time.Sleep(20 * time.Second)
 			for _, k := range keepers {
 				require.NoError(t, k.Err())
 			}
+			assert.Zero(t, s.CASes.Load(), "no lease renewed on its own")
+			assert.GreaterOrEqual(t, s.MultiWrites.Load(), int64(n*20*3/5-n), "every lease about every TTL/3")
+			assert.LessOrEqual(t, s.Multis.Load(), int64(20*3/5+2), "all of them in one call per interval")
 			r.Close()
 			for _, k := range keepers {
 				require.ErrorIs(t, k.Err(), runlease.ErrKeeperStopped)
 			}
+		})
+	})
+
+	t.Run("a_lease_lost_inside_a_batch_is_told_apart_from_the_others", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := testkit.NewCountingBatcher(bubbleStore(t))
+			var r runlease.Renewer
+			defer r.Close()
+			keepers := make([]*runlease.Keeper, 3)
+			for i := range keepers {
+				l, err := runlease.Acquire(t.Context(), s, "r"+strconv.Itoa(i), "A", five)
+				require.NoError(t, err)
+				keepers[i], err = r.Keep(t.Context(), l)
+				require.NoError(t, err)
+			}
+			cur := get(t, s, "runlease:r1")
+			_, err := s.MetaCAS(t.Context(), "runlease:r1", &cur, `{"holder":"B","fence":2,"until_ms":1}`)
+			require.NoError(t, err)
+			<-keepers[1].Done()
+			require.ErrorIs(t, keepers[1].Err(), runlease.ErrTakenOver)
+			time.Sleep(10 * time.Second)
+			require.NoError(t, keepers[0].Err())
+			require.NoError(t, keepers[2].Err())
+			assert.Positive(t, s.Multis.Load(), "renewed in batches")
 		})
 	})
 

@@ -128,8 +128,8 @@ func (r *Renewer) waitIdle() {
 	}
 }
 
-// loop sleeps until the earliest keeper is due, handles it, and exits when
-// no keeper is left.
+// loop sleeps until the earliest keeper is due, handles every keeper due
+// by then, and exits when no keeper is left.
 func (r *Renewer) loop(wake <-chan struct{}, done chan struct{}) {
 	defer close(done)
 	timer := time.NewTimer(time.Hour)
@@ -141,9 +141,8 @@ func (r *Renewer) loop(wake <-chan struct{}, done chan struct{}) {
 			r.mu.Unlock()
 			return
 		}
-		k := r.queue[0]
 		now := time.Now()
-		if wait := k.next.Sub(now); wait > 0 {
+		if wait := r.queue[0].next.Sub(now); wait > 0 {
 			r.mu.Unlock()
 			timer.Reset(wait)
 			select {
@@ -152,29 +151,49 @@ func (r *Renewer) loop(wake <-chan struct{}, done chan struct{}) {
 			}
 			continue
 		}
-		report := r.due(k, now)
+		reports := r.dispatchDue(now)
 		r.mu.Unlock()
-		report()
+		for _, report := range reports {
+			report()
+		}
 	}
 }
 
-// due handles a keeper whose time has come: its trust window ran out, or a
-// renewal is due. r.mu is held; the returned func runs after unlocking.
-func (r *Renewer) due(k *Keeper, now time.Time) func() {
-	if !now.Before(k.trustEnd) {
-		return r.endLocked(k, k.trustExpired())
-	}
-	k.next = k.trustEnd // wake for the deadline even if the renewal hangs
-	heap.Fix(&r.queue, k.index)
-	if k.flying != nil {
-		return func() {}
+// dispatchDue handles every keeper whose time has come: it ends those whose
+// trust window ran out and starts renewals for the others, batched per store
+// where the store can. r.mu is held; the returned funcs run after unlocking.
+func (r *Renewer) dispatchDue(now time.Time) []func() {
+	var reports []func()
+	var due []*Keeper
+	for len(r.queue) > 0 && !r.queue[0].next.After(now) {
+		k := r.queue[0]
+		if !now.Before(k.trustEnd) {
+			reports = append(reports, r.endLocked(k, k.trustExpired()))
+			continue
+		}
+		k.next = k.trustEnd // wake for the deadline even if the renewal hangs
+		heap.Fix(&r.queue, 0)
+		if k.flying == nil {
+			due = append(due, k)
+		}
 	}
 	if r.slots == nil {
 		r.slots = make(chan struct{}, maxInFlight)
 	}
-	k.flying = make(chan struct{})
-	go r.renew(k, k.flying, k.trustEnd)
-	return func() {}
+	for _, group := range groupByStore(due) {
+		flying := make(chan struct{})
+		deadline := group[0].trustEnd
+		for _, k := range group {
+			k.flying = flying
+			deadline = earliest(deadline, k.trustEnd)
+		}
+		if len(group) == 1 {
+			go r.renew(group[0], flying, deadline)
+		} else {
+			go r.renewGroup(group, flying, deadline)
+		}
+	}
+	return reports
 }
 
 // renew runs one renewal of k and schedules the next. deadline is the trust
@@ -188,12 +207,20 @@ func (r *Renewer) renew(k *Keeper, flying chan struct{}, deadline time.Time) {
 	defer cancel()
 	start := time.Now()
 	err := k.lease.Renew(ctx)
-	latency := time.Since(start)
+	r.finish(ctx, k, start, time.Since(start), err)
+}
+
+// finish reports a renewal of k that started at start and schedules what
+// comes next: the next renewal, a retry, or the end.
+func (r *Renewer) finish(ctx context.Context, k *Keeper, start time.Time, latency time.Duration, err error) {
 	if err == nil && k.slots != nil {
 		k.renewSlots(ctx)
 	}
+	r.mu.Lock()
+	timeLeft := k.trustEnd.Sub(start)
+	r.mu.Unlock()
 	if h := k.o.hooks.Renewed; h != nil {
-		h(RenewEvent{RunID: k.lease.runID, Fence: k.lease.fence, Latency: latency, TimeLeft: deadline.Sub(start), Err: err})
+		h(RenewEvent{RunID: k.lease.runID, Fence: k.lease.fence, Latency: latency, TimeLeft: timeLeft, Err: err})
 	}
 
 	r.mu.Lock()

@@ -240,7 +240,7 @@ func (f *Faulty) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []run
 // wrapped runlease.Batcher, counting them.
 type CountingBatcher struct {
 	Counting
-	Batches atomic.Int64
+	Batches, Multis, MultiWrites atomic.Int64
 }
 
 // NewCountingBatcher wraps s, which must be a runlease.Batcher.
@@ -251,4 +251,12 @@ func NewCountingBatcher(s runlease.Store) *CountingBatcher {
 func (c *CountingBatcher) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runlease.Op) (bool, error) {
 	c.Batches.Add(1)
 	return c.Store.(runlease.Batcher).MetaBatch(ctx, conds, ops)
+}
+
+// MetaCASMany passes many-write calls through to a wrapped
+// runlease.MultiCASer, counting calls and writes.
+func (c *CountingBatcher) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]bool, error) {
+	c.Multis.Add(1)
+	c.MultiWrites.Add(int64(len(writes)))
+	return c.Store.(runlease.MultiCASer).MetaCASMany(ctx, writes)
 }
