@@ -61,18 +61,18 @@ type Keeper struct {
 	lease  *Lease
 	slots  *Slots
 	o      options
-	ctx    context.Context // the work context
-	cancel context.CancelCauseFunc
-	done   chan struct{}
-	// renewCtx carries the values of the context Keep was given but not its
-	// cancellation; abort cancels it to cut a renewal short on Stop.
-	renewCtx context.Context
-	abort    context.CancelFunc
+	parent context.Context // the context Keep was given: its values reach renewals
 
-	// Guarded by r.mu.
-	unwatch  func() bool // stops watching the start context
-	index    int         // position in r.queue; -1 when not queued
-	next     time.Time   // when the loop must next look at this keeper
+	// Guarded by r.mu. The work context and the done channel are made on
+	// first use, so that a process keeping many leases pays for them only
+	// where they are asked for.
+	ctx      context.Context // the work context; nil until Context is called
+	cancel   context.CancelCauseFunc
+	done     chan struct{}      // nil until Done is called, or the keeper ends
+	abort    context.CancelFunc // cuts a renewal in flight short; nil when none
+	unwatch  func() bool        // stops watching the parent context
+	index    int                // position in r.queue; -1 when not queued
+	next     time.Time          // when the loop must next look at this keeper
 	renewAt  time.Time
 	trustEnd time.Time // trust window's end: attempt start + TTL - margin
 	backoff  time.Duration
@@ -80,6 +80,9 @@ type Keeper struct {
 	flying   chan struct{}
 	err      error // why it ended; nil while running
 }
+
+// closedChan is the Done channel of a keeper that ended before anyone asked.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // Keep starts keeping lease on a [Renewer] of its own, which runs one
 // goroutine while the keeper runs. To keep many leases, share a Renewer.
@@ -89,7 +92,14 @@ func Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keeper, error) {
 }
 
 // Done returns a channel that is closed when the keeper ends.
-func (k *Keeper) Done() <-chan struct{} { return k.done }
+func (k *Keeper) Done() <-chan struct{} {
+	k.r.mu.Lock()
+	defer k.r.mu.Unlock()
+	if k.done == nil {
+		k.done = make(chan struct{})
+	}
+	return k.done
+}
 
 // Err returns nil while the keeper runs, and afterwards why it ended: a
 // [*LeaseLostError] (matching [ErrLeaseLost] and its cause) when the lease
@@ -102,7 +112,17 @@ func (k *Keeper) Err() error {
 
 // Context returns the context for the run's work: the context Keep was given,
 // cancelled when the keeper ends, with context.Cause giving Err.
-func (k *Keeper) Context() context.Context { return k.ctx }
+func (k *Keeper) Context() context.Context {
+	k.r.mu.Lock()
+	defer k.r.mu.Unlock()
+	if k.ctx == nil {
+		k.ctx, k.cancel = context.WithCancelCause(k.parent)
+		if k.err != nil {
+			k.cancel(k.err)
+		}
+	}
+	return k.ctx
+}
 
 // Lease returns the kept lease.
 func (k *Keeper) Lease() *Lease { return k.lease }

@@ -59,16 +59,17 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 	if lost != nil {
 		return nil, lost
 	}
-	k := &Keeper{r: r, lease: lease, slots: o.slots, o: o, done: make(chan struct{}), index: -1}
-	k.ctx, k.cancel = context.WithCancelCause(ctx)
-	k.renewCtx, k.abort = context.WithCancel(context.WithoutCancel(ctx))
+	k := &Keeper{r: r, lease: lease, slots: o.slots, o: o, parent: ctx, index: -1}
 	k.trustEnd = trustFrom.Add(o.ttl - o.margin)
 	k.renewAt = trustFrom.Add(o.interval)
 	k.next = earliest(k.renewAt, k.trustEnd)
 
-	unwatch := context.AfterFunc(ctx, func() {
-		r.end(k, errors.Join(ErrKeeperStopped, context.Cause(ctx)))
-	})
+	unwatch := func() bool { return false }
+	if ctx.Done() != nil { // a context that can end: stop with it
+		unwatch = context.AfterFunc(ctx, func() {
+			r.end(k, errors.Join(ErrKeeperStopped, context.Cause(ctx)))
+		})
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if k.err == nil { // ctx may have ended already
@@ -203,8 +204,15 @@ func (r *Renewer) renew(k *Keeper, flying chan struct{}, deadline time.Time) {
 	r.slots <- struct{}{}
 	defer func() { <-r.slots }()
 
-	ctx, cancel := context.WithDeadline(k.renewCtx, deadline)
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(k.parent), deadline)
 	defer cancel()
+	r.mu.Lock()
+	if k.err != nil { // stopped before the renewal began
+		r.mu.Unlock()
+		return
+	}
+	k.abort = cancel
+	r.mu.Unlock()
 	start := time.Now()
 	err := k.lease.Renew(ctx)
 	r.finish(ctx, k, start, time.Since(start), err)
@@ -224,7 +232,7 @@ func (r *Renewer) finish(ctx context.Context, k *Keeper, start time.Time, latenc
 	}
 
 	r.mu.Lock()
-	k.flying = nil
+	k.flying, k.abort = nil, nil
 	if k.err != nil { // ended while the renewal ran
 		r.mu.Unlock()
 		return
@@ -289,9 +297,17 @@ func (r *Renewer) endLocked(k *Keeper, err error) func() {
 		heap.Remove(&r.queue, k.index)
 		r.poke()
 	}
-	k.abort()
-	k.cancel(err)
-	close(k.done)
+	if k.abort != nil {
+		k.abort()
+	}
+	if k.cancel != nil {
+		k.cancel(err)
+	}
+	if k.done == nil {
+		k.done = closedChan
+	} else {
+		close(k.done)
+	}
 	unwatch := k.unwatch
 	return func() {
 		if unwatch != nil {
