@@ -4,15 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -82,60 +77,6 @@ func WithTable(name string) PostgresOption {
 func WithCreateTable(create bool) PostgresOption {
 	return func(o *pgOptions) { o.create = create }
 }
-
-// PostgresSchema returns the statement that creates the store's table, for
-// migration tools: the one OpenPostgres runs when the table is absent. It
-// fails with an error matching [ErrInvalidArgument] when table is not a name
-// [WithTable] accepts.
-func PostgresSchema(table string) (string, error) {
-	id, err := pgTableIdent(table)
-	if err != nil {
-		return "", err
-	}
-	return fmt.Sprintf(pgSchema, id.Sanitize()), nil
-}
-
-func pgTableIdent(name string) (pgx.Identifier, error) {
-	if name == "" {
-		return nil, invalidArg("table", "empty")
-	}
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 {
-		return nil, invalidArg("table", "%q has %d dot-separated parts, want table or schema.table", name, len(parts))
-	}
-	for _, p := range parts {
-		switch {
-		case p == "":
-			return nil, invalidArg("table", "%q has an empty part", name)
-		case !utf8.ValidString(p):
-			return nil, invalidArg("table", "%q is not valid UTF-8", name)
-		case strings.IndexByte(p, 0) >= 0:
-			return nil, invalidArg("table", "%q contains NUL", name)
-		case len(p) > 63:
-			return nil, invalidArg("table", "%q is %d bytes long, PostgreSQL names hold at most 63", p, len(p))
-		}
-	}
-	return pgx.Identifier(parts), nil
-}
-
-// SchemaError reports that the store's table does not have the shape
-// [PostgresSchema] gives it, or, with WithCreateTable(false), does not
-// exist. The store never alters an existing table, so nothing was changed. It
-// matches [ErrSchemaMismatch].
-type SchemaError struct {
-	Table   string // the table as given to WithTable
-	Problem string // what is wrong, such as "column value has type jsonb, want text"
-}
-
-func (e *SchemaError) Error() string {
-	return fmt.Sprintf("%s: table %q does not fit the store: %s", CodeSchemaMismatch, e.Table, e.Problem)
-}
-
-// Code returns [CodeSchemaMismatch].
-func (e *SchemaError) Code() string { return CodeSchemaMismatch }
-
-// Is reports whether target is [ErrSchemaMismatch].
-func (e *SchemaError) Is(target error) bool { return target == ErrSchemaMismatch }
 
 // PostgresStore is the shared [Store]: one table in PostgreSQL that any
 // number of nodes use at once. Each call is one statement in autocommit mode
@@ -268,103 +209,6 @@ func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned 
 		return nil, err
 	}
 	return s, nil
-}
-
-// prepareTable checks the table, creating it first when it is absent and
-// create is set.
-func (s *PostgresStore) prepareTable(ctx context.Context, op, table string, create bool) error {
-	for attempt := 0; ; attempt++ {
-		kind, problems, err := s.inspect(ctx, op, table)
-		switch {
-		case err != nil:
-			return err
-		case kind != "" && len(problems) > 0:
-			return &SchemaError{Table: s.table, Problem: strings.Join(problems, "; ")}
-		case kind != "":
-			return nil
-		case !create:
-			return &SchemaError{Table: s.table, Problem: "table does not exist (create it with the statement of PostgresSchema)"}
-		case attempt == 3:
-			return &SchemaError{Table: s.table, Problem: "table is not visible after creating it (check search_path)"}
-		}
-		err = s.do(ctx, op, "", true, func(c *pgx.Conn) error {
-			_, err := c.Exec(ctx, fmt.Sprintf(pgSchema, table), pgMode)
-			return err
-		})
-		// Two sessions that run CREATE TABLE IF NOT EXISTS at once can both
-		// miss the other's uncommitted table; the loser then fails on a
-		// catalog unique index once the winner commits. The table exists by
-		// then, so look again.
-		var pgErr *pgconn.PgError
-		if err != nil && !(errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07")) {
-			return err
-		}
-	}
-}
-
-// inspect returns the table's relkind ("" when there is no such table) and
-// what is wrong with its shape.
-func (s *PostgresStore) inspect(ctx context.Context, op, table string) (string, []string, error) {
-	var kind string
-	var problems []string
-	err := s.do(ctx, op, "", false, func(c *pgx.Conn) error {
-		err := c.QueryRow(ctx, pgRelkind, pgMode, table).Scan(&kind)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		rows, err := c.Query(ctx, pgColumns, pgMode, table)
-		if err != nil {
-			return err
-		}
-		cols, err := pgx.CollectRows(rows, pgx.RowToStructByPos[pgColumn])
-		problems = shapeProblems(kind, cols)
-		return err
-	})
-	return kind, problems, err
-}
-
-type pgColumn struct {
-	Name, Type    string
-	NotNull       bool
-	Collation     string
-	Deterministic bool
-	PrimaryKey    bool
-}
-
-func shapeProblems(kind string, cols []pgColumn) []string {
-	var p []string
-	if kind != "r" && kind != "p" {
-		p = append(p, fmt.Sprintf("relation is not a table (relkind %q)", kind))
-	}
-	seen := map[string]bool{}
-	for _, c := range cols {
-		seen[c.Name] = true
-		switch {
-		case c.Name != "key" && c.Name != "value":
-			p = append(p, fmt.Sprintf("unexpected column %q", c.Name))
-		case c.Type != "text":
-			p = append(p, fmt.Sprintf("column %s has type %s, want text", c.Name, c.Type))
-		case c.Name == "key" && c.Collation != "C" && c.Collation != "POSIX":
-			p = append(p, fmt.Sprintf(`column key has collation %q, want "C"`, c.Collation))
-		case c.Name == "value" && !c.Deterministic:
-			p = append(p, fmt.Sprintf("column value has the nondeterministic collation %q", c.Collation))
-		}
-		if c.Name == "key" && !c.PrimaryKey {
-			p = append(p, "column key is not the primary key")
-		}
-		if c.Name == "value" && !c.NotNull {
-			p = append(p, "column value is not NOT NULL")
-		}
-	}
-	for _, name := range []string{"key", "value"} {
-		if !seen[name] {
-			p = append(p, fmt.Sprintf("column %s is missing", name))
-		}
-	}
-	return p
 }
 
 // Table returns the table name the store was opened with.
@@ -505,97 +349,3 @@ func (s *PostgresStore) do(ctx context.Context, op, key string, write bool, stmt
 	}
 	return nil
 }
-
-// fault classifies an error of pgx. sent is false when the statement never
-// left (the connection could not be taken), so nothing can have changed; a
-// write that may have reached the server is Unknown unless the server
-// answered with an ERROR, which rolls the autocommit statement back.
-func (s *PostgresStore) fault(ctx context.Context, op, key string, write, sent bool, err error) error {
-	var pgErr *pgconn.PgError
-	isPg := errors.As(err, &pgErr)
-	if isPg && (pgErr.Code == "22021" || pgErr.Code == "22P05") {
-		// The database's encoding cannot hold the text. CheckKey and
-		// CheckValue let only UTF-8 through, so this is a database whose
-		// encoding is not UTF-8: the call is refused like any bad argument.
-		return fmt.Errorf("%w: %w", invalidArg("text", "the database cannot store it in its encoding"), s.redact(err))
-	}
-	if !sent && s.closed.Load() {
-		return ErrStoreClosed
-	}
-	if cerr := ctx.Err(); cerr != nil && !isPg && !errors.Is(err, cerr) {
-		err = fmt.Errorf("%w (%w)", err, cerr) // the context caused it: keep it matchable
-	}
-	se := &StorageError{Op: op, Key: key, Err: s.redact(err)}
-	switch {
-	case isPg && (!sent || !pgFatal(pgErr)):
-		se.Retryable = pgRetryable(pgErr.Code)
-	case isPg:
-		// FATAL or PANIC ends the session; a statement in flight may have
-		// committed just before, so a write's outcome is not known.
-		se.Unknown = write
-		se.Retryable = true
-	default:
-		se.Unknown = write && sent && !pgconn.SafeToRetry(err)
-		se.Retryable = ctx.Err() == nil && netTransient(err)
-	}
-	return se
-}
-
-// pgFatal reports whether the server ended the session with the error.
-func pgFatal(e *pgconn.PgError) bool {
-	sev := e.SeverityUnlocalized
-	if sev == "" {
-		sev = e.Severity
-	}
-	return sev == "FATAL" || sev == "PANIC"
-}
-
-// pgRetryable reports whether a SQLSTATE names a condition that a retry is
-// expected to clear: a serialization failure or deadlock (class 40), a lock
-// or statement timeout, a server shutting down or starting up, too few
-// resources (class 53) or a connection fault (class 08).
-func pgRetryable(code string) bool {
-	switch code {
-	case "55P03", "57014", "57P01", "57P02", "57P03":
-		return true
-	}
-	switch {
-	case strings.HasPrefix(code, "40"), strings.HasPrefix(code, "53"), strings.HasPrefix(code, "08"):
-		return true
-	}
-	return false
-}
-
-// netTransient reports whether err is a network fault: a refused, reset or
-// timed-out connection, or one that the other side closed.
-func netTransient(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, pgconn.ErrConnClosed)
-}
-
-// redact keeps the pool's password out of err's text. pgx leaves passwords
-// out of its messages; this is a second line of defence, so that no message
-// of this package can carry one even if a driver's message quoted the DSN.
-func (s *PostgresStore) redact(err error) error {
-	if s.secret == "" || !strings.Contains(err.Error(), s.secret) {
-		return err
-	}
-	return &redactedError{err: err, secret: s.secret}
-}
-
-type redactedError struct {
-	err    error
-	secret string
-}
-
-func (e *redactedError) Error() string { return strings.ReplaceAll(e.err.Error(), e.secret, "xxxxx") }
-func (e *redactedError) Unwrap() error { return e.err }
-
-// withheldError wraps an error whose text may quote a password, such as
-// pgx's error for a DSN it cannot parse: errors.As still reaches it, but its
-// text is not printed.
-type withheldError struct{ err error }
-
-func (e withheldError) Error() string { return "pgx's message withheld: it may quote the password" }
-func (e withheldError) Unwrap() error { return e.err }
