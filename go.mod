@@ -3,6 +3,7 @@ module github.com/areev/runlease
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/stretchr/testify v1.12.1
 	modernc.org/sqlite v1.62.0
 )
