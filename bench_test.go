@@ -19,8 +19,9 @@ package runlease_test
 //	base-…         the same for the baseline
 //	ratio          ops/s over base-ops/s: 1 is the physical limit
 //
-// ns/op covers the library's phase only (the baseline runs with the timer
-// stopped, half before and half after it). BenchmarkHandoff reports
+// The library and the baseline each run b.N operations, in slices that take
+// turns so that a noisy machine's load weighs on both alike; ns/op covers
+// the library's slices only. BenchmarkHandoff reports
 // latencies; its ratio is base-p50-us over p50-us.
 //
 //	go test -run '^$' -bench . -benchtime 2000x

@@ -22,6 +22,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/areev/runlease/internal/benchkit"
@@ -43,7 +44,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "benchharness:", err)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rows, err := run(ctx, cfg)
 	if err == nil {
@@ -61,7 +62,7 @@ func parseFlags(args []string) (config, error) {
 	stores := fs.String("store", "sqlite", "stores to measure, comma-separated: sqlite, postgres")
 	fs.StringVar(&cfg.dsn, "dsn", os.Getenv("RUNLEASE_TEST_POSTGRES"), "Postgres DSN (default $RUNLEASE_TEST_POSTGRES); each scenario uses a fresh table, dropped after")
 	fs.StringVar(&cfg.dir, "dir", "", "directory for the SQLite files (default: a temporary directory, removed after)")
-	fs.DurationVar(&cfg.duration, "duration", 10*time.Second, "how long the library's loop runs per measurement; the baseline runs as long, half before and half after")
+	fs.DurationVar(&cfg.duration, "duration", 10*time.Second, "how long the library's loops run per measurement; the baseline's run as long, the two taking turns in slices of 0.5 s")
 	fs.IntVar(&cfg.runs, "runs", 3, "measurements per scenario, store and goroutine count; the table shows their medians")
 	gs := fs.String("goroutines", "1,4,16", "goroutine counts, comma-separated: each goroutine is one closed loop")
 	names := fs.String("scenarios", "all,handoff", "scenarios, comma-separated: all, handoff, claim, or any of "+scenarioNames())

@@ -45,8 +45,9 @@ type pollOnly struct {
 // trips. Each node is a store on a pool of its own over the same table.
 // Base is the same handoff in bare SQL: a conditional UPDATE with
 // pg_notify by one connection, and the other, already LISTENing, taking
-// the row with its own conditional UPDATE when notified. Only N of lim
-// counts: a handoff is one operation.
+// the row with its own conditional UPDATE when notified. The two take
+// turns, one handoff each, until each has made lim.N handoffs or both
+// together have run for twice lim.Duration.
 func Handoff(ctx context.Context, e *Env, mode HandoffMode, lim Limit) (Result, error) {
 	var res Result
 	if e.pg == nil {
@@ -68,44 +69,48 @@ func Handoff(ctx context.Context, e *Env, mode HandoffMode, lim Limit) (Result, 
 		a = pollOnly{e.Store, e.Store.(runlease.Clock)}
 		waiter = pollOnly{b, b}
 	}
-	run := handoffRun{e: e, a: a, b: waiter, mode: mode}
-	if res.Store, err = loopHandoffs(ctx, lim, run.once); err != nil {
-		return res, err
-	}
 	raw, err := newRawHandoff(ctx, e, poolB)
 	if err != nil {
 		return res, err
 	}
 	defer raw.close()
-	res.Base, err = loopHandoffs(ctx, lim, raw.once)
+	run := handoffRun{e: e, a: a, b: waiter, mode: mode}
+	err = loopHandoffs(ctx, lim, []func(context.Context) (time.Duration, int64, error){run.once, raw.once},
+		[]*Phase{&res.Store, &res.Base})
 	return res, err
 }
 
-// loopHandoffs runs handoffs one after another until lim, after one that
-// warms the connections and the listener up, and collects their latencies
-// and round trips. Rate is handoffs per second of measured time: the
-// inverse of the mean latency.
-func loopHandoffs(ctx context.Context, lim Limit, once func(context.Context) (time.Duration, int64, error)) (Phase, error) {
-	var p Phase
-	var busy time.Duration
-	if _, _, err := once(ctx); err != nil {
-		return p, err
-	}
-	deadline := time.Now().Add(lim.Duration)
-	for i := 0; lim.N > 0 && i < lim.N || lim.N == 0 && time.Now().Before(deadline); i++ {
-		d, trips, err := once(ctx)
-		if err != nil {
-			return p, err
+// loopHandoffs runs handoffs until lim, each kind in turn, after one of
+// each that warms the connections and the listeners up, and collects their
+// latencies and round trips. Rate is handoffs per second of measured time:
+// the inverse of the mean latency.
+func loopHandoffs(ctx context.Context, lim Limit, kinds []func(context.Context) (time.Duration, int64, error), into []*Phase) error {
+	busy := make([]time.Duration, len(kinds))
+	for _, once := range kinds {
+		if _, _, err := once(ctx); err != nil {
+			return err
 		}
-		p.Ops++
-		p.Trips += trips
-		p.Hist.Record(d)
-		busy += d
 	}
-	if busy > 0 {
-		p.Rate = float64(p.Ops) / busy.Seconds()
+	deadline := time.Now().Add(2 * lim.Duration)
+	for i := 0; lim.N > 0 && i < lim.N || lim.N == 0 && time.Now().Before(deadline); i++ {
+		for k, once := range kinds {
+			d, trips, err := once(ctx)
+			if err != nil {
+				return err
+			}
+			p := into[k]
+			p.Ops++
+			p.Trips += trips
+			p.Hist.Record(d)
+			busy[k] += d
+		}
 	}
-	return p, nil
+	for k, p := range into {
+		if busy[k] > 0 {
+			p.Rate = float64(p.Ops) / busy[k].Seconds()
+		}
+	}
+	return nil
 }
 
 type handoffRun struct {

@@ -24,14 +24,31 @@ type Limit struct {
 	Duration time.Duration
 }
 
-func (l Limit) half(first bool) Limit {
+// Slices of a measurement: the library and the baseline take turns in
+// slices of about sliceLength (or, counted in operations, of at least
+// sliceOps per goroutine), at most maxSlices of each.
+const (
+	sliceLength = 500 * time.Millisecond
+	sliceOps    = 50
+	maxSlices   = 20
+)
+
+// slices returns how many turns each side takes to run lim with g
+// goroutines.
+func (l Limit) slices(g int) int {
+	n := l.N / (sliceOps * g)
 	if l.N == 0 {
-		return Limit{Duration: l.Duration / 2}
+		n = int(l.Duration / sliceLength)
 	}
-	if first {
-		return Limit{N: l.N / 2}
+	return min(max(n, 1), maxSlices)
+}
+
+// slice returns the part of lim that turn i of n runs.
+func (l Limit) slice(i, n int) Limit {
+	if l.N == 0 {
+		return Limit{Duration: l.Duration / time.Duration(n)}
 	}
-	return Limit{N: l.N - l.N/2}
+	return Limit{N: l.N*(i+1)/n - l.N*i/n}
 }
 
 // Phase is the measurement of one closed loop.
@@ -96,10 +113,11 @@ type Timer interface {
 }
 
 // Run measures sc on e with g goroutines, each a closed loop (it issues its
-// next operation when the last returns): first the baseline for half of
-// lim, then the library for lim, then the baseline for the other half, so
-// that drift in a noisy machine weighs on both alike. Set-up is not
-// measured.
+// next operation when the last returns), through the library and as the
+// baseline: each runs for lim, in slices that take turns (baseline,
+// library, library, baseline, …), so that the load of a noisy machine
+// weighs on both alike and their ratio holds even when absolute figures
+// move. Set-up is not measured.
 //
 // A phase's Rate is the sum over its goroutines of operations divided by
 // the time that goroutine spent outside Prep: for a loop without Prep,
@@ -120,27 +138,37 @@ func Run(ctx context.Context, e *Env, sc Scenario, g int, lim Limit, t Timer) (R
 	if err := e.Warm(ctx, g+2); err != nil {
 		return res, err
 	}
-	b1, err := phase(ctx, base, lim.half(true), e.Raw.Trips)
-	if err != nil {
-		return res, fmt.Errorf("%s baseline: %w", sc.Name, err)
+	n := lim.slices(g)
+	for i := range n {
+		for _, library := range []bool{i%2 == 1, i%2 == 0} {
+			if err := runSlice(ctx, e, lim.slice(i, n), library, base, lib, &res, t); err != nil {
+				return res, fmt.Errorf("%s: %w", sc.Name, err)
+			}
+		}
+	}
+	return res, nil
+}
+
+// runSlice runs one slice of the library's loop or the baseline's and adds
+// it to res, with the benchmark timer running for the library's only.
+func runSlice(ctx context.Context, e *Env, lim Limit, library bool, base, lib []*Worker, res *Result, t Timer) error {
+	if !library {
+		p, err := phase(ctx, base, lim, e.Raw.Trips)
+		if err != nil {
+			return fmt.Errorf("baseline: %w", err)
+		}
+		res.Base.add(&p)
+		return nil
 	}
 	if t != nil {
 		t.StartTimer()
 	}
-	res.Store, err = phase(ctx, lib, lim, e.Trips)
+	p, err := phase(ctx, lib, lim, e.Trips)
 	if t != nil {
 		t.StopTimer()
 	}
-	if err != nil {
-		return res, fmt.Errorf("%s: %w", sc.Name, err)
-	}
-	b2, err := phase(ctx, base, lim.half(false), e.Raw.Trips)
-	if err != nil {
-		return res, fmt.Errorf("%s baseline: %w", sc.Name, err)
-	}
-	res.Base = b1
-	res.Base.add(&b2)
-	return res, nil
+	res.Store.add(&p)
+	return err
 }
 
 func workers(ctx context.Context, e *Env, mk func(context.Context, *Env, int) (*Worker, error), g int) ([]*Worker, error) {
