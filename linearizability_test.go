@@ -196,29 +196,17 @@ func TestSQLiteBatchesAreLinearizable(t *testing.T) {
 // a deadline of up to a millisecond, so that some end before, while and
 // after they reach the file; batches are included, and the history is
 // checked as one map. A write the store reports as not applied must not
-// have landed.
-//
-// It is skipped unless RUNLEASE_TEST_KNOWN_BUGS=1: modernc.org/sqlite
-// returns the context's error for a statement that has completed (and, in
-// autocommit, committed) when the context ends during the call, and
-// SQLiteStore reports every error that is not SQLite's own as not applied,
-// so an applied write comes back as "not applied" and this check fails.
-// Remove the skip once SQLiteStore reports a context error from a write
-// that was started as an unknown outcome.
+// have landed. (modernc.org/sqlite returns the context's error for a
+// statement that completed, and committed, when the context ends during
+// the call; the store reports such a write as an unknown outcome.)
 func TestSQLiteIsLinearizableWhenCallsAreCancelled(t *testing.T) {
 	t.Parallel()
-	if os.Getenv(envKnownBugs) != "1" {
-		t.Skipf("known bug: SQLiteStore reports writes that a context cancelled after they committed as not applied; set %s=1 to run", envKnownBugs)
-	}
 	s := linOpenSQLite(t)
 	w := &linearize.Workload{Keys: linKeys(3), Values: linValues, BatchShare: 0.25, Now: history.Mono,
 		CutShare: 0.2, CutWithin: time.Millisecond}
 	recs := linRun(t, s, w, 6, 300, true)
 	requireLinearizable(t, recs, w.Keys, false)
 }
-
-// envKnownBugs names the variable that runs the checks of known bugs.
-const envKnownBugs = "RUNLEASE_TEST_KNOWN_BUGS"
 
 // TestLinearizabilityCheckRejectsBrokenStores runs the SQLite workload on
 // stores broken on purpose, and requires the checker to reject each

@@ -246,6 +246,9 @@ func (s *SQLiteStore) MetaCAS(ctx context.Context, key string, expected *string,
 	if err := CheckValue(value); err != nil {
 		return false, err
 	}
+	if err := notStarted(ctx, "MetaCAS", key); err != nil {
+		return false, err
+	}
 	var res sql.Result
 	var err error
 	if expected == nil {
@@ -259,6 +262,9 @@ func (s *SQLiteStore) MetaCAS(ctx context.Context, key string, expected *string,
 // MetaDelete implements [Store].
 func (s *SQLiteStore) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
 	if err := s.checkWrite(key); err != nil {
+		return false, err
+	}
+	if err := notStarted(ctx, "MetaDelete", key); err != nil {
 		return false, err
 	}
 	res, err := s.stmts.del.ExecContext(ctx, key, expected)
@@ -315,13 +321,35 @@ func (s *SQLiteStore) checkWrite(key string) error {
 
 func (s *SQLiteStore) applied(op, key string, res sql.Result, err error) (bool, error) {
 	if err != nil {
-		return false, s.fault(op, key, err)
+		return false, s.commitFault(op, key, err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
 		return false, s.fault(op, key, err)
 	}
 	return n == 1, nil
+}
+
+// notStarted refuses a write whose context has already ended, before
+// anything is sent: its outcome is known (nothing applied).
+func notStarted(ctx context.Context, op, key string) error {
+	if err := ctx.Err(); err != nil {
+		return &StorageError{Op: op, Key: key, Err: err}
+	}
+	return nil
+}
+
+// commitFault classifies the error of a call that may have committed: an
+// autocommit write, or a transaction's Commit. When its context ended during
+// the call, the driver reports the context's error even if the commit
+// completed, so the outcome is unknown.
+func (s *SQLiteStore) commitFault(op, key string, err error) error {
+	f := s.fault(op, key, err)
+	var se *StorageError
+	if errors.As(f, &se) && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		se.Unknown = true
+	}
+	return f
 }
 
 // fault classifies a SQLite error. A statement that fails in autocommit mode

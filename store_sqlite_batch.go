@@ -45,7 +45,7 @@ func (s *SQLiteStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (ap
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return false, s.fault("MetaBatch", "", err)
+		return false, s.commitFault("MetaBatch", "", err)
 	}
 	return true, nil
 }
@@ -118,7 +118,7 @@ func (s *SQLiteStore) MetaCASMany(ctx context.Context, writes []CASWrite) (swapp
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return nil, s.fault("MetaCASMany", "", err)
+		return nil, s.commitFault("MetaCASMany", "", err)
 	}
 	committed = true
 	return swapped, nil
