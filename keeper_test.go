@@ -302,6 +302,23 @@ func TestKeeper(t *testing.T) {
 		})
 	})
 
+	t.Run("one_lease_kept_twice_is_renewed_without_deadlock", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleStore(t)
+			var r runlease.Renewer
+			defer r.Close()
+			l, err := runlease.Acquire(t.Context(), s, "r1", "A", five)
+			require.NoError(t, err)
+			k1, err := r.Keep(t.Context(), l)
+			require.NoError(t, err)
+			k2, err := r.Keep(t.Context(), l)
+			require.NoError(t, err)
+			time.Sleep(20 * time.Second)
+			require.NoError(t, k1.Err())
+			require.NoError(t, k2.Err())
+		})
+	})
+
 	t.Run("bad_options_are_refused", func(t *testing.T) {
 		t.Parallel()
 		s := newSQLite(t)

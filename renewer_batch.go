@@ -11,13 +11,16 @@ const maxRenewBatch = 512
 
 // groupByStore splits due keepers into renewal groups: the leases of one
 // store that can renew many at once ([MultiCASer]) in chunks of up to
-// maxRenewBatch, and every other keeper alone.
+// maxRenewBatch, and every other keeper alone. A lease kept by two keepers
+// goes into a batch once; the other keeper renews it alone (a batch locks
+// each of its leases, and must not lock one twice).
 func groupByStore(due []*Keeper) [][]*Keeper {
 	var groups [][]*Keeper
 	open := map[Store]int{} // store → index of its group still filling
+	batched := map[*Lease]bool{}
 	for _, k := range due {
 		s := k.lease.store
-		if _, ok := s.(MultiCASer); !ok || !reflect.TypeOf(s).Comparable() {
+		if _, ok := s.(MultiCASer); !ok || !reflect.TypeOf(s).Comparable() || batched[k.lease] {
 			groups = append(groups, []*Keeper{k})
 			continue
 		}
@@ -28,6 +31,7 @@ func groupByStore(due []*Keeper) [][]*Keeper {
 			groups = append(groups, nil)
 		}
 		groups[i] = append(groups[i], k)
+		batched[k.lease] = true
 	}
 	return groups
 }
