@@ -18,7 +18,9 @@ import (
 // refuses, Write fails with [ErrInvalidArgument] and writes nothing. Faults
 // are handled as by [Lease.Renew]: an unknown outcome is resolved by reading
 // the lease row back, since the user's writes landed if and only if the
-// renewal did.
+// renewal did. If that read finds another holder's row, the writes may have
+// landed just before the takeover: the error then matches both
+// [ErrLeaseLost] and [ErrOutcomeUnknown].
 //
 // A run's checkpoint, written only while the run is still this driver's:
 //

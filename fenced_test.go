@@ -94,3 +94,23 @@ func TestFencedWriteWithUnknownOutcome(t *testing.T) {
 	require.NoError(t, l.Write(t.Context(), runlease.Put("ckpt:r1", "2")))
 	assert.Equal(t, "2", get(t, f, "ckpt:r1"))
 }
+
+func TestFencedWriteWhoseOutcomeIsUnknownAndLeaseTakenIsNotCalledUnwritten(t *testing.T) {
+	t.Parallel()
+	inner := newSQLite(t)
+	f := &testkit.Faulty{Store: inner}
+	l, err := runlease.Acquire(t.Context(), f, "r1", "A")
+	require.NoError(t, err)
+	f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaBatch"), Then: func() {
+		cur := get(t, inner, "runlease:r1") // a successor takes over right after the batch landed
+		ok, err := inner.MetaCAS(t.Context(), "runlease:r1", &cur, `{"holder":"B","fence":2,"until_ms":1}`)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}})
+	err = l.Write(t.Context(), runlease.Put("ckpt:r1", "1"))
+	require.ErrorIs(t, err, runlease.ErrLeaseLost)
+	require.ErrorIs(t, err, runlease.ErrTakenOver)
+	require.ErrorIs(t, err, runlease.ErrOutcomeUnknown, "the checkpoint may have landed: it did")
+	assert.Equal(t, "1", get(t, inner, "ckpt:r1"))
+	require.ErrorIs(t, l.Renew(t.Context()), runlease.ErrLeaseLost)
+}

@@ -104,8 +104,20 @@ func (k *Keeper) Done() <-chan struct{} {
 // Err returns nil while the keeper runs, and afterwards why it ended: a
 // [*LeaseLostError] (matching [ErrLeaseLost] and its cause) when the lease
 // was lost, or an error matching [ErrKeeperStopped] when it was stopped.
+//
+// Err also compares the trust window with the clock at the moment of the
+// call, and ends the keeper with [ErrTrustExpired] if it has run out. A
+// driver resumed from a pause may run before the keeper's own loop does, so
+// the work context may not be cancelled yet: call Err right before each
+// side effect that must not happen once the lease is in doubt.
 func (k *Keeper) Err() error {
 	k.r.mu.Lock()
+	if k.err == nil && !time.Now().Before(k.trustEnd) {
+		report := k.r.endLocked(k, k.trustExpired())
+		k.r.mu.Unlock()
+		report()
+		k.r.mu.Lock()
+	}
 	defer k.r.mu.Unlock()
 	return k.err
 }

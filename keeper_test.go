@@ -319,6 +319,19 @@ func TestKeeper(t *testing.T) {
 		})
 	})
 
+	t.Run("err_judges_the_trust_window_when_called", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleStore(t)
+			l, err := runlease.Acquire(t.Context(), s, "r1", "A", five)
+			require.NoError(t, err)
+			time.Sleep(5 * time.Second) // a pause past the trust window, before keeping
+			k, err := runlease.Keep(t.Context(), l)
+			require.NoError(t, err)
+			require.ErrorIs(t, k.Err(), runlease.ErrTrustExpired, "at once, whether or not the loop has run")
+			<-k.Done()
+		})
+	})
+
 	t.Run("bad_options_are_refused", func(t *testing.T) {
 		t.Parallel()
 		s := newSQLite(t)

@@ -221,7 +221,20 @@ func (l *Lease) condWrite(ctx context.Context, next string, extra []Op, notify b
 	}
 	ops := append([]Op{Put(l.key, next)}, extra...)
 	ok, err := l.store.(Batcher).MetaBatch(ctx, []Cond{IfEquals(l.key, l.seen)}, ops)
-	return resolveCAS(ctx, l.store, l.key, &l.seen, next, ok, err)
+	if err == nil || !IsOutcomeUnknown(err) {
+		return ok, err
+	}
+	won, rerr := resolveCAS(ctx, l.store, l.key, &l.seen, next, ok, err)
+	if rerr != nil || won {
+		return won, rerr
+	}
+	// Another writer holds the row now. The batch may still have landed
+	// before it did, so the user's writes are in doubt: the error says the
+	// lease is lost and the outcome unknown, never "nothing written".
+	lost, _ := l.lostError(ctx)
+	lost.Err = err
+	l.lost = lost
+	return false, lost
 }
 
 // maxUnsure bounds how many writes of unknown outcome a lease remembers.

@@ -22,7 +22,9 @@ import (
 // put back as they were before ClaimSlots returns. A slot row that does not
 // parse is never overwritten: the claim fails with a [*CorruptRowError].
 // Invalid arguments fail with [ErrInvalidArgument] before anything is
-// written; the options are the TTL and the clock, as for [Acquire].
+// written; the options are the TTL and the clock, as for [Acquire]. Claim
+// slots after acquiring the run's lease, with the same TTL, so that a
+// [Keeper] keeping both never trusts the lease longer than the slots.
 func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, opts ...Option) (*Slots, error) {
 	o, err := buildOptions(store, opts)
 	if err != nil {

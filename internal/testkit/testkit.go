@@ -78,6 +78,7 @@ func (c *Counting) MetaScan(ctx context.Context, prefix string) ([]runlease.Row,
 // and then report an error (nil for none).
 type Fault struct {
 	Apply bool
+	Then  func() // runs after the write, before the reply: another writer's move
 	Err   error
 }
 
@@ -229,6 +230,9 @@ func (f *Faulty) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []run
 		if applied, err = b.MetaBatch(ctx, conds, ops); err != nil {
 			return false, err
 		}
+	}
+	if ft.Then != nil {
+		ft.Then()
 	}
 	if ft.Err != nil {
 		return false, ft.Err
