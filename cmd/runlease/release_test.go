@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/proctest"
 )
 
 func TestReleaseForceKeepsTheFence(t *testing.T) {
@@ -100,7 +101,7 @@ func TestAnInterruptAtThePromptChangesNothing(t *testing.T) {
 	path := newDB(t)
 	stdin, _ := io.Pipe() // nobody answers
 	ctx, interrupt := context.WithCancel(t.Context())
-	out := &syncBuffer{}
+	out := &proctest.SyncBuffer{}
 	done := make(chan result, 1)
 	go func() {
 		done <- session{ctx: ctx, stdin: stdin, tty: true, stdout: out}.run(t, "release", runLive, "--force", "--db", path)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/proctest"
 )
 
 func TestStatusListsEveryLeaseAndScopeForPeople(t *testing.T) {
@@ -189,7 +190,7 @@ func TestStatusWatchRefreshesUntilInterrupted(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx, interrupt := context.WithCancel(t.Context())
-			out := &syncBuffer{}
+			out := &proctest.SyncBuffer{}
 			done := make(chan result, 1)
 			go func() {
 				args := append([]string{"status", "--db", path, "--watch", "100ms"}, tc.args...)

@@ -152,7 +152,7 @@ type Child struct {
 	role   string
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
-	stderr syncBuffer
+	stderr SyncBuffer
 
 	mu     sync.Mutex
 	lines  []string      // every stdout line read so far
@@ -308,19 +308,20 @@ func (c *Child) output() string {
 	return fmt.Sprintf("\nstdout: %q\nstderr:\n%s", c.Lines(), c.Stderr())
 }
 
-// syncBuffer is a bytes.Buffer safe for one writer and many readers.
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer safe for one writer and many readers: what
+// a child process or a command writes while a test reads it.
+type SyncBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+func (b *SyncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *syncBuffer) String() string {
+func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
