@@ -83,6 +83,13 @@ func Acquire(ctx context.Context, store Store, runID, holder string, opts ...Opt
 	if err != nil {
 		return nil, err
 	}
+	return acquireWith(ctx, store, runID, holder, o, true)
+}
+
+// acquireWith is Acquire with its options built. tryCreate makes it try to
+// create the row before reading it, which saves a round trip for a new run
+// and costs one when the row exists.
+func acquireWith(ctx context.Context, store Store, runID, holder string, o options, tryCreate bool) (*Lease, error) {
 	if err := checkName("runID", runID, maxRunIDLen); err != nil {
 		return nil, err
 	}
@@ -91,7 +98,7 @@ func Acquire(ctx context.Context, store Store, runID, holder string, opts ...Opt
 	}
 	l := &Lease{store: store, runID: runID, key: LeasePrefix + runID, holder: holder, o: o}
 	start := time.Now()
-	err = l.acquire(ctx)
+	err := l.acquire(ctx, tryCreate)
 	if h := o.hooks.Acquired; h != nil {
 		h(AcquireEvent{RunID: runID, Holder: holder, Fence: l.fence, Latency: time.Since(start), Err: err})
 	}
@@ -101,13 +108,15 @@ func Acquire(ctx context.Context, store Store, runID, holder string, opts ...Opt
 	return l, nil
 }
 
-// acquire writes the lease row: create-if-absent first, then over the row
-// read, a few times while the row keeps changing under it.
-func (l *Lease) acquire(ctx context.Context) error {
-
-	// A run id with no row yet is the common case for new runs: try to
-	// create the row first, which costs one round trip when it works.
-	err := l.write(ctx, nil, 1)
+// acquire writes the lease row: create-if-absent first when tryCreate, then
+// over the row read, a few times while the row keeps changing under it.
+func (l *Lease) acquire(ctx context.Context, tryCreate bool) error {
+	// A run id with no row yet is the common case for new runs: creating
+	// the row first costs one round trip when it works.
+	err := error(errNotWritten)
+	if tryCreate {
+		err = l.write(ctx, nil, 1)
+	}
 	for try := 0; err == errNotWritten && try < 8; try++ {
 		raw, found, rerr := l.store.MetaGet(ctx, l.key)
 		switch {

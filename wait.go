@@ -56,8 +56,11 @@ func AcquireWait(ctx context.Context, store Store, runID, holder string, opts ..
 		wake, cancel = n.Subscribe(LeasePrefix + runID)
 		defer cancel()
 	}
-	for {
-		l, err := Acquire(ctx, store, runID, holder, opts...)
+	for tryCreate := true; ; tryCreate = false {
+		// After a refusal the row is known to exist: read it first rather
+		// than try to create it, so a woken waiter takes over in two round
+		// trips.
+		l, err := acquireWith(ctx, store, runID, holder, o, tryCreate)
 		var lost *LeaseLostError
 		if !errors.As(err, &lost) || !errors.Is(err, ErrTakenOver) {
 			return l, err
