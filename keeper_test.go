@@ -156,6 +156,7 @@ func TestKeeper(t *testing.T) {
 			// The holder stopped at least the margin (TTL/10) before anyone
 			// could take over, by the clock that judges expiry.
 			assert.LessOrEqual(t, ended.Add(500*time.Millisecond).UnixMilli(), expiry.UnixMilli())
+			synctest.Wait() // the Lost hook runs just after Done closes
 			_, failed, nlost := ev.counts()
 			assert.Greater(t, failed, 3, "faults are retried with backoff inside the window")
 			assert.Equal(t, 1, nlost)

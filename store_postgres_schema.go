@@ -88,10 +88,11 @@ func (s *PostgresStore) prepareTable(ctx context.Context, op, table string, crea
 		})
 		// Two sessions that run CREATE TABLE IF NOT EXISTS at once can both
 		// miss the other's uncommitted table; the loser then fails on a
-		// catalog unique index once the winner commits. The table exists by
-		// then, so look again.
+		// catalog unique index (23505), or on the table's row type (42710,
+		// duplicate_object), or as a duplicate table (42P07), once the
+		// winner commits. The table exists by then, so look again.
 		var pgErr *pgconn.PgError
-		if err != nil && !(errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07")) {
+		if err != nil && !(errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710")) {
 			return err
 		}
 	}
