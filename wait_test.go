@@ -83,14 +83,22 @@ func TestAcquireWait(t *testing.T) {
 	})
 
 	t.Run("without_notifications_the_waiter_polls", func(t *testing.T) {
-		t.Parallel()
-		s := &testkit.Counting{Store: newSQLite(t)} // not a Notifier
-		a, err := runlease.Acquire(t.Context(), s, "r1", "A")
-		require.NoError(t, err)
-		done := waitFor(t.Context(), s, "r1", "B", runlease.WithWaitPoll(20*time.Millisecond))
-		time.Sleep(100 * time.Millisecond)
-		require.NoError(t, a.Release(t.Context()))
-		requireWoken(t, done)
+		synctest.Test(t, func(t *testing.T) {
+			s := &testkit.Counting{Store: bubbleStore(t)} // not a Notifier
+			a, err := runlease.Acquire(t.Context(), s, "r1", "A")
+			require.NoError(t, err)
+			s.Reset()
+			done := waitFor(t.Context(), s, "r1", "B", runlease.WithWaitPoll(time.Second))
+			time.Sleep(3 * time.Second)
+			select {
+			case err := <-done:
+				t.Fatalf("acquired while held: %v", err)
+			default:
+			}
+			assert.GreaterOrEqual(t, s.Gets.Load(), int64(3), "it polled about every second")
+			require.NoError(t, a.Release(t.Context()))
+			requireWoken(t, done)
+		})
 	})
 
 	t.Run("an_expiry_wakes_a_waiter", func(t *testing.T) {
