@@ -1,18 +1,26 @@
 package runlease
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 )
 
-// DefaultNodeID returns an identity for this process: the host name, a slash
-// and the process id, such as "worker-7/4121".
+// DefaultNodeID returns an identity for this process: the host name, a
+// slash, the process id, a slash and a nonce of 16 lowercase hex digits,
+// such as "worker-7/4121/9f86d081884c7d65".
 //
 // The host name is taken from $HOSTNAME, else $COMPUTERNAME, else the
-// operating system's host name, else "node". The pid alone is not enough:
-// two containers of one service both run as pid 1, and a holder string that
-// two drivers share would let the second re-enter the first's live lease.
+// operating system's host name, else "node", each time DefaultNodeID is
+// called. The nonce is 64 bits from crypto/rand, drawn once per process, so
+// the result is stable for the life of the process and differs between any
+// two processes. Host and pid alone are not enough: two containers of one
+// Kubernetes pod, or compose replicas given one host name, share the host
+// name and both run as pid 1, and a holder string that two drivers share
+// would let the second re-enter the first's live lease.
 func DefaultNodeID() string {
 	host := os.Getenv("HOSTNAME")
 	if host == "" {
@@ -24,8 +32,21 @@ func DefaultNodeID() string {
 	if host == "" {
 		host = "node"
 	}
-	return host + "/" + strconv.Itoa(os.Getpid())
+	return host + "/" + strconv.Itoa(getpid()) + "/" + processNonce()
 }
+
+// getpid is os.Getpid, replaced in tests to play two containers that both
+// run as pid 1.
+var getpid = os.Getpid
+
+// processNonce is this process's random part of [DefaultNodeID], drawn once.
+// crypto/rand.Read does not fail: on a system without a random source the
+// program crashes rather than hand out a predictable nonce.
+var processNonce = sync.OnceValue(func() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+})
 
 // HolderFor returns the holder string of one driver: principal, '#', node.
 // An empty node means [DefaultNodeID].

@@ -2,7 +2,9 @@ package runlease_test
 
 import (
 	"os"
+	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -43,19 +45,32 @@ func TestParseHolderRefusesForeignStrings(t *testing.T) {
 }
 
 func TestDefaultNodeID(t *testing.T) {
-	pid := "/" + strconv.Itoa(os.Getpid())
-	t.Setenv("HOSTNAME", "pod-7")
-	t.Setenv("COMPUTERNAME", "win-1")
-	assert.Equal(t, "pod-7"+pid, runlease.DefaultNodeID())
-	assert.Equal(t, "billing#pod-7"+pid, runlease.HolderFor("billing", ""))
+	pid := "/" + strconv.Itoa(os.Getpid()) + "/"
+	nonce := regexp.MustCompile(`^[0-9a-f]{16}$`)
+	for _, tc := range []struct {
+		name, hostname, computername, want string
+	}{
+		{name: "HOSTNAME_comes_first", hostname: "pod-7", computername: "win-1", want: "pod-7"},
+		{name: "COMPUTERNAME_without_HOSTNAME", computername: "win-1", want: "win-1"},
+		{name: "the_OS_host_name_without_either", want: osHostname()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("HOSTNAME", tc.hostname)
+			t.Setenv("COMPUTERNAME", tc.computername)
+			id := runlease.DefaultNodeID()
+			rest, ok := strings.CutPrefix(id, tc.want+pid)
+			require.True(t, ok, "%q starts with host/pid/", id)
+			assert.Regexp(t, nonce, rest, "a 64-bit hex nonce follows")
+			assert.Equal(t, id, runlease.DefaultNodeID(), "stable within the process")
+			assert.Equal(t, "billing#"+id, runlease.HolderFor("billing", ""))
+		})
+	}
+}
 
-	t.Setenv("HOSTNAME", "")
-	assert.Equal(t, "win-1"+pid, runlease.DefaultNodeID())
-
-	t.Setenv("COMPUTERNAME", "")
+func osHostname() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
-		host = "node"
+		return "node"
 	}
-	assert.Equal(t, host+pid, runlease.DefaultNodeID())
+	return host
 }
