@@ -11,7 +11,7 @@ import (
 // status surfaces and operators. Rows that do not parse are listed with
 // Corrupt set. Only the [WithClock] option matters: it judges Live.
 func Leases(ctx context.Context, store Store, opts ...Option) ([]LeaseInfo, error) {
-	o, err := buildOptions(store, opts)
+	o, err := buildOptions(store, opts, optsRead, "Leases")
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +53,7 @@ func leaseInfo(runID, raw string, nowMS int64) LeaseInfo {
 // [ErrInvalidArgument]: a corrupt row needs a person to look at it, not a
 // tombstone.
 func ForceRelease(ctx context.Context, store Store, info LeaseInfo, opts ...Option) error {
-	o, err := buildOptions(store, opts)
+	o, err := buildOptions(store, opts, optsRead, "ForceRelease")
 	if err != nil {
 		return err
 	}
@@ -137,7 +137,7 @@ func PruneCandidates(ctx context.Context, store Store, olderThan time.Duration, 
 // prunable calls visit with every lease and slot row that Prune removes:
 // rows that parse, hold no live lease, and expired before now - olderThan.
 func prunable(ctx context.Context, store Store, olderThan time.Duration, opts []Option, visit func(Row)) error {
-	o, err := buildOptions(store, opts)
+	o, err := buildOptions(store, opts, optsRead, "Prune")
 	if err != nil {
 		return err
 	}

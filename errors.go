@@ -180,7 +180,8 @@ func (e *StoreLockedError) Is(target error) bool { return target == ErrStoreLock
 var (
 	// ErrTakenOver: another holder holds the lease, or held it since this
 	// lease last wrote (Holder and Fence name it). Acquire reports it for a
-	// live lease of another holder.
+	// live lease of another holder, and a [SlotLostError] for a slot another
+	// run took.
 	ErrTakenOver = errors.New("held by another holder")
 	// ErrRowChanged: the lease row changed under this lease in a way that
 	// names no holder (it was deleted, or no longer parses).
@@ -188,7 +189,7 @@ var (
 	// ErrReleased: the lease was released, by this holder or by an operator.
 	ErrReleased = errors.New("lease released")
 	// ErrTrustExpired: no renewal succeeded before the holder's trust window
-	// ran out (the store was unreachable or slow), so the holder must stop
+	// (of the lease, or of a kept slot) ran out (the store was unreachable or slow), so the holder must stop
 	// even though the row may still name it: a contender may take over as
 	// soon as the lease expires. Err holds the last storage fault.
 	ErrTrustExpired = errors.New("no renewal succeeded within the trust window")
@@ -207,11 +208,19 @@ type LeaseLostError struct {
 	Holder string    // the current holder, when known
 	Fence  uint64    // the current fence, when known
 	Until  time.Time // the current expiry, when known: when takeover becomes possible
-	Err    error     // the underlying fault, for ErrTrustExpired
+	// Err is the underlying fault: the last one for ErrTrustExpired, and
+	// for a fenced write whose outcome is unknown the fault that left it so
+	// (the error then also matches ErrOutcomeUnknown).
+	Err error
+
+	refused bool // Acquire's refusal: the caller never held the lease
 }
 
 func (e *LeaseLostError) Error() string {
 	msg := fmt.Sprintf("%s: lease on run %q lost: %v", CodeLeaseLost, e.RunID, e.Cause)
+	if e.refused {
+		msg = fmt.Sprintf("%s: run %q is held by another holder", CodeLeaseLost, e.RunID)
+	}
 	if e.Holder != "" {
 		msg += fmt.Sprintf(" (holder %q, fence %d, until %s)", e.Holder, e.Fence,
 			e.Until.UTC().Format(time.RFC3339Nano))
@@ -244,17 +253,28 @@ func (e *ConcurrencyLimitError) Error() string {
 func (e *ConcurrencyLimitError) Code() string         { return CodeConcurrencyLimit }
 func (e *ConcurrencyLimitError) Is(target error) bool { return target == ErrConcurrencyLimit }
 
-// SlotLostError reports held slots that another run has taken since they were
-// claimed (after a pause past the TTL). It matches [ErrSlotLost].
+// SlotLostError reports held slots that the run no longer holds: another run
+// took them (Cause [ErrTakenOver]: the row changed after this run stalled
+// past the TTL), or no renewal of them succeeded within their trust window
+// (Cause [ErrTrustExpired]: the store was unreachable or slow, so the run
+// must assume a contender may take them). It matches [ErrSlotLost] and its
+// Cause.
 type SlotLostError struct {
 	RunID string
 	Keys  []string // the slot rows lost
+	Cause error    // ErrTakenOver or ErrTrustExpired
 }
 
 func (e *SlotLostError) Error() string {
-	return fmt.Sprintf("%s: run %q lost %d slot(s): %q", CodeSlotLost, e.RunID, len(e.Keys), e.Keys)
+	cause := ErrTakenOver
+	if e.Cause != nil {
+		cause = e.Cause
+	}
+	return fmt.Sprintf("%s: run %q lost %d slot(s): %v: %q", CodeSlotLost, e.RunID, len(e.Keys), cause, e.Keys)
 }
 
 // Code returns [CodeSlotLost].
-func (e *SlotLostError) Code() string         { return CodeSlotLost }
-func (e *SlotLostError) Is(target error) bool { return target == ErrSlotLost }
+func (e *SlotLostError) Code() string { return CodeSlotLost }
+func (e *SlotLostError) Is(target error) bool {
+	return target == ErrSlotLost || (target != nil && target == e.Cause)
+}

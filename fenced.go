@@ -18,9 +18,14 @@ import (
 // refuses, Write fails with [ErrInvalidArgument] and writes nothing. Faults
 // are handled as by [Lease.Renew]: an unknown outcome is resolved by reading
 // the lease row back, since the user's writes landed if and only if the
-// renewal did. If that read finds another holder's row, the writes may have
-// landed just before the takeover: the error then matches both
-// [ErrLeaseLost] and [ErrOutcomeUnknown].
+// renewal did (every row a lease writes differs from every row it wrote
+// before, so the row read back says which write landed). Write returns nil
+// only when the writes landed. When the lease row is found unchanged, the
+// fault is returned and its outcome stays unknown (the batch may still
+// land); when it holds an earlier row of this lease's own, the batch did not
+// land and never will, and Write sends it again. If the read finds another
+// holder's row, the writes may have landed just before the takeover: the
+// error then matches both [ErrLeaseLost] and [ErrOutcomeUnknown].
 //
 // A run's checkpoint, written only while the run is still this driver's:
 //
@@ -43,5 +48,5 @@ func (l *Lease) Write(ctx context.Context, ops ...Op) error {
 	if err := CheckBatch(nil, ops); err != nil {
 		return err
 	}
-	return l.renew(ctx, ops)
+	return l.update(ctx, kindWrite, ops)
 }

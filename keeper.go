@@ -17,28 +17,50 @@ const CodeKeeperStopped = "RUN-E024"
 // held.
 var ErrKeeperStopped error = &codedError{CodeKeeperStopped, "keeper stopped"}
 
+// MinKeepInterval is the shortest interval [KeepInterval] accepts: shorter
+// ones would only load the store.
+const MinKeepInterval = 100 * time.Millisecond
+
 // KeepInterval sets how often a [Keeper] renews. The default is a third of
-// the TTL. It must leave room for at least two attempts inside the trust
-// window: 0 < interval <= (TTL - margin) / 2, or Keep fails with
-// [ErrInvalidArgument].
+// the TTL. It must be at least [MinKeepInterval] and leave room for at least
+// two attempts inside the trust window: interval <= (TTL - margin) / 2, or
+// Keep fails with [ErrInvalidArgument].
 func KeepInterval(d time.Duration) Option {
-	return func(o *options) { o.interval = d }
+	return func(o *options) { o.interval, o.set = d, o.set|optInterval }
 }
 
 // KeepMargin sets how long before the lease can expire a [Keeper] stops
 // trusting it when no renewal has succeeded: the holder gives up at
-// attempt start + TTL - margin, by its own monotonic clock. The default is
-// a tenth of the TTL; the store clock's uncertainty, if any, is added to it.
-// It must be in [0, TTL/2], or Keep fails with [ErrInvalidArgument].
+// attempt start + TTL - margin, by its own monotonic clock, and when the
+// clock that judges expiry reaches the row's expiry - margin. The default is
+// a tenth of the TTL; the store clock's uncertainty, if any, is added to it
+// (and to an explicit 0). It must be in [0, TTL/2], or Keep fails with
+// [ErrInvalidArgument].
 func KeepMargin(d time.Duration) Option {
-	return func(o *options) { o.margin = d }
+	return func(o *options) { o.margin, o.set = d, o.set|optMargin }
 }
 
-// KeepSlots makes a [Keeper] renew s beside the lease. A slot lost to
-// another run is reported to the hooks and the logger but does not stop the
-// run, because the lease is the authority on who may advance it.
+// KeepSlots makes a [Keeper] renew s beside the lease, retrying faults as
+// it does for the lease. A slot lost — taken by another run, or not renewed
+// within its trust window — is dropped from s (Held no longer lists it) and
+// reported to Hooks.SlotsLost and the logger, with the reason; the run goes
+// on, because the lease is the authority on who may advance it. Use
+// [KeepSlotsStrict] when the limit must be hard.
+//
+// s must belong to the lease's run, with a TTL no shorter than the lease's
+// (claim the slots with the same TTL), or Keep fails with
+// [ErrInvalidArgument].
 func KeepSlots(s *Slots) Option {
-	return func(o *options) { o.slots = s }
+	return func(o *options) { o.slots, o.strictSlots, o.set = s, false, o.set|optSlots }
+}
+
+// KeepSlotsStrict is [KeepSlots] for a hard limit: a kept slot lost, taken
+// or not renewed within its trust window, also ends the keeper, whose Err
+// is then a [*SlotLostError] (matching [ErrSlotLost] and its Cause) and whose
+// work context is cancelled with it, before any other run can take the slot
+// by expiry.
+func KeepSlotsStrict(s *Slots) Option {
+	return func(o *options) { o.slots, o.strictSlots, o.set = s, true, o.set|optSlots }
 }
 
 // Keeper renews a lease (and the slots claimed beside it) in the background
@@ -48,37 +70,45 @@ func KeepSlots(s *Slots) Option {
 // with that reason as its cause, at the same moment.
 //
 // A Keeper ends when the lease is lost (Err is a [*LeaseLostError]): taken
-// over or released by someone else, or — the trust window — when no
-// renewal has succeeded by attempt start + TTL - margin of the last one
-// that did, which is strictly before any contender may take over. It also
-// ends, with [ErrKeeperStopped], when stopped. Transient store faults are
-// retried with backoff while the trust window lasts.
+// over or released by someone else — found by the keeper's renewal or by any
+// call on the Lease, such as a fenced Write — or, the trust window, when no
+// write of the lease has succeeded by attempt start + TTL - margin of the
+// last one that did, which is strictly before any contender may take over.
+// It also ends, with [ErrKeeperStopped], when stopped. Transient store
+// faults are retried with backoff while the trust window lasts.
 //
 // A Keeper holds no goroutine of its own: a [Renewer] serves many keepers
-// from one loop. Its methods are safe for concurrent use.
+// from one loop. Its methods are safe for concurrent use, and none of them
+// waits for the store.
 type Keeper struct {
 	r      *Renewer
 	lease  *Lease
 	slots  *Slots
+	strict bool
 	o      options
 	parent context.Context // the context Keep was given: its values reach renewals
 
 	// Guarded by r.mu. The work context and the done channel are made on
 	// first use, so that a process keeping many leases pays for them only
 	// where they are asked for.
-	ctx      context.Context // the work context; nil until Context is called
-	cancel   context.CancelCauseFunc
-	done     chan struct{}      // nil until Done is called, or the keeper ends
-	abort    context.CancelFunc // cuts a renewal in flight short; nil when none
-	unwatch  func() bool        // stops watching the parent context
-	index    int                // position in r.queue; -1 when not queued
-	next     time.Time          // when the loop must next look at this keeper
-	renewAt  time.Time
-	trustEnd time.Time // trust window's end: attempt start + TTL - margin
-	backoff  time.Duration
-	lastErr  error // the last renewal fault, for ErrTrustExpired
-	flying   chan struct{}
-	err      error // why it ended; nil while running
+	ctx       context.Context // the work context; nil until Context is called
+	cancel    context.CancelCauseFunc
+	done      chan struct{} // nil until Done is called, or the keeper ends
+	unwatch   func() bool   // stops watching the parent context
+	index     int           // position in r.queue; -1 when not queued
+	next      time.Time     // when the loop must next look at this keeper
+	leaseJob  *job          // the lease renewal in flight, if any
+	slotJob   *job          // the slot renewal in flight, if any
+	leaseWait retry
+	slotWait  retry
+	lastErr   error // the last renewal fault, for ErrTrustExpired
+	err       error // why it ended; nil while running
+}
+
+// retry is the backoff state of one kind of renewal after faults.
+type retry struct {
+	at      time.Time // when to try again; zero: on schedule
+	backoff time.Duration
 }
 
 // closedChan is the Done channel of a keeper that ended before anyone asked.
@@ -103,27 +133,34 @@ func (k *Keeper) Done() <-chan struct{} {
 
 // Err returns nil while the keeper runs, and afterwards why it ended: a
 // [*LeaseLostError] (matching [ErrLeaseLost] and its cause) when the lease
-// was lost, or an error matching [ErrKeeperStopped] when it was stopped.
+// was lost, a [*SlotLostError] when a slot kept with [KeepSlotsStrict] was,
+// or an error matching [ErrKeeperStopped] when it was stopped.
 //
-// Err also compares the trust window with the clock at the moment of the
-// call, and ends the keeper with [ErrTrustExpired] if it has run out. A
-// driver resumed from a pause may run before the keeper's own loop does, so
-// the work context may not be cancelled yet: call Err right before each
-// side effect that must not happen once the lease is in doubt.
+// Err also judges the trust window at the moment of the call, by the
+// monotonic clock and by the clock that judges expiry, and ends the keeper
+// with [ErrTrustExpired] if it has run out. A driver resumed from a pause
+// may run before the keeper's own loop does, so the work context may not be
+// cancelled yet: call Err right before each side effect that must not
+// happen once the lease is in doubt.
 func (k *Keeper) Err() error {
-	k.r.mu.Lock()
-	if k.err == nil && !time.Now().Before(k.trustEnd) {
-		report := k.r.endLocked(k, k.trustExpired())
-		k.r.mu.Unlock()
-		report()
-		k.r.mu.Lock()
+	r := k.r
+	r.mu.Lock()
+	if k.err == nil {
+		if reason, report := r.lossLocked(k, time.Now()); reason != nil {
+			end := r.endLocked(k, reason)
+			r.mu.Unlock()
+			report()
+			end()
+			r.mu.Lock()
+		}
 	}
-	defer k.r.mu.Unlock()
+	defer r.mu.Unlock()
 	return k.err
 }
 
 // Context returns the context for the run's work: the context Keep was given,
-// cancelled when the keeper ends, with context.Cause giving Err.
+// cancelled when the keeper ends, with context.Cause giving Err. Calls on the
+// lease made with it after the keeper ended return that cause.
 func (k *Keeper) Context() context.Context {
 	k.r.mu.Lock()
 	defer k.r.mu.Unlock()
@@ -145,23 +182,39 @@ func (k *Keeper) Slots() *Slots { return k.slots }
 // TrustedUntil returns when, by this process's monotonic clock, the holder
 // stops trusting the lease unless a renewal succeeds first.
 func (k *Keeper) TrustedUntil() time.Time {
-	k.r.mu.Lock()
-	defer k.r.mu.Unlock()
-	return k.trustEnd
+	return k.trustEnd(k.lease.state(), time.Now())
 }
 
 // Stop ends the keeper without releasing the lease or the slots: they expire
-// after their TTL unless renewed or released by other means. It cuts short a
-// renewal in progress and returns once no goroutine of the keeper (or of a
-// Renewer it owns) is left. Stopping an ended keeper does nothing.
+// after their TTL unless renewed or released by other means. It cuts short
+// the keeper's renewal in flight and waits for it to return, and, for a
+// keeper with a Renewer of its own, for the Renewer's goroutine to exit. A
+// renewal the keeper's lease shares with other leases of a Renewer (a
+// batch) is not waited for: it is cut short once none of its keepers runs,
+// and records its outcome on the Lease, whose next call waits for it (or for
+// that call's context). Stopping an ended keeper does nothing.
 func (k *Keeper) Stop() {
 	k.r.end(k, ErrKeeperStopped)
-	k.wait()
+	k.r.mu.Lock()
+	var waits []chan struct{}
+	for _, j := range []*job{k.leaseJob, k.slotJob} {
+		if j != nil && j.batch == nil {
+			waits = append(waits, j.done)
+		}
+	}
+	k.r.mu.Unlock()
+	for _, w := range waits {
+		<-w
+	}
+	if k.r.own {
+		k.r.waitIdle()
+	}
 }
 
 // Release stops the keeper, then releases the slots and the lease, so the
 // next driver can start at once. It returns the first fault of either
-// release; a lease lost before is reported as its [*LeaseLostError].
+// release; a lease lost before is reported as its [*LeaseLostError]. Each
+// release waits for a write of its lease or slots in flight, or for ctx.
 func (k *Keeper) Release(ctx context.Context) error {
 	k.Stop()
 	var errs []error
@@ -172,35 +225,32 @@ func (k *Keeper) Release(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// wait returns once the keeper's renewal in flight, if any, has returned,
-// and, for a keeper with a Renewer of its own, once the loop has exited.
-func (k *Keeper) wait() {
-	k.r.mu.Lock()
-	flying := k.flying
-	k.r.mu.Unlock()
-	if flying != nil {
-		<-flying
-	}
-	if k.r.own {
-		k.r.waitIdle()
-	}
-}
-
-// validate checks the keep options against the lease's TTL and fills in
-// the defaults.
-func (o *options) validateKeep() error {
-	if o.margin == 0 {
+// validateKeep checks the keep options against the lease's TTL and fills
+// in the defaults.
+func (o *options) validateKeep(lease *Lease) error {
+	if o.set&optMargin == 0 {
 		o.margin = o.ttl / 10
 	}
 	if o.margin < 0 || o.margin > o.ttl/2 {
 		return invalidArg("margin", "%v is outside [0, %v] for TTL %v", o.margin, o.ttl/2, o.ttl)
 	}
 	o.margin += o.uncertainty
-	if o.interval == 0 {
+	if o.set&optInterval == 0 {
 		o.interval = o.ttl / 3
 	}
-	if hi := (o.ttl - o.margin) / 2; o.interval <= 0 || o.interval > hi {
-		return invalidArg("interval", "%v is outside (0, %v] for TTL %v and margin %v", o.interval, hi, o.ttl, o.margin)
+	if hi := (o.ttl - o.margin) / 2; o.interval < MinKeepInterval || o.interval > hi {
+		return invalidArg("interval", "%v is outside [%v, %v] for TTL %v and margin %v",
+			o.interval, MinKeepInterval, hi, o.ttl, o.margin)
+	}
+	if o.set&optSlots != 0 {
+		switch s := o.slots; {
+		case s == nil:
+			return invalidArg("slots", "nil")
+		case s.runID != lease.runID:
+			return invalidArg("slots", "slots of run %q cannot be kept with the lease of run %q", s.runID, lease.runID)
+		case s.o.ttl < o.ttl:
+			return invalidArg("slots", "slot TTL %v is shorter than the lease's %v: claim them with the lease's TTL", s.o.ttl, o.ttl)
+		}
 	}
 	if o.logger == nil {
 		o.logger = discard
@@ -214,22 +264,39 @@ func jitter(d time.Duration) time.Duration {
 	return d*3/4 + time.Duration(rand.Int64N(int64(d)/2+1))
 }
 
-// nextBackoff returns the wait before the next retry after a fault.
-func (k *Keeper) nextBackoff() time.Duration {
+// after schedules the next try after a fault at now, and returns when.
+func (w *retry) after(now time.Time, interval time.Duration) time.Time {
 	switch {
-	case k.backoff == 0:
-		k.backoff = max(k.o.interval/16, 10*time.Millisecond)
-	case k.backoff < k.o.interval/2:
-		k.backoff = min(2*k.backoff, k.o.interval/2)
+	case w.backoff == 0:
+		w.backoff = max(interval/16, 10*time.Millisecond)
+	case w.backoff < interval/2:
+		w.backoff = min(2*w.backoff, interval/2)
 	}
-	return jitter(k.backoff)
+	w.at = now.Add(jitter(w.backoff))
+	return w.at
+}
+
+// trustEnd returns when, by the monotonic clock, the keeper stops trusting a
+// lease in state st: margin before the row can expire, judged both from the
+// start of the last write that landed and by the clock that judges expiry.
+func (k *Keeper) trustEnd(st leaseState, now time.Time) time.Time {
+	end := st.trustFrom.Add(k.o.ttl - k.o.margin)
+	left := time.Duration(st.untilMS-k.lease.o.nowMS())*time.Millisecond - k.o.margin
+	return earliest(end, now.Add(left))
 }
 
 // trustExpired is the loss reported when the trust window runs out.
 func (k *Keeper) trustExpired() error {
-	cause := errors.New("the renewal in flight did not return in time")
+	cause := errors.New("no renewal landed in time")
 	if k.lastErr != nil {
 		cause = fmt.Errorf("last renewal fault: %w", k.lastErr)
 	}
 	return &LeaseLostError{RunID: k.lease.runID, Cause: ErrTrustExpired, Fence: k.lease.fence, Err: cause}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }

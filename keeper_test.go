@@ -359,10 +359,10 @@ func TestKeeperStopLeavesNoGoroutine(t *testing.T) {
 		l, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithTTL(5*time.Second))
 		require.NoError(t, err)
 		var calls atomic.Int64
-		k, err := runlease.Keep(context.Background(), l, runlease.KeepInterval(50*time.Millisecond),
+		k, err := runlease.Keep(context.Background(), l, runlease.KeepInterval(100*time.Millisecond),
 			runlease.WithHooks(runlease.Hooks{Renewed: func(runlease.RenewEvent) { calls.Add(1) }}))
 		require.NoError(t, err)
-		time.Sleep(120 * time.Millisecond)
+		time.Sleep(250 * time.Millisecond)
 		require.GreaterOrEqual(t, calls.Load(), int64(2))
 		k.Stop()
 		n := calls.Load()

@@ -11,9 +11,12 @@
 // every acquisition and never goes backwards for a run id, so systems outside
 // the store can refuse writes from an older holder.
 //
-// Expiry is judged by one clock: the one given with [WithClock], or the local
-// wall clock. A lease is held until its until_ms; a row whose until_ms has
-// passed may be taken over by anyone.
+// Expiry is judged by one clock: the store's own when it has one (see
+// [Clock]: the Postgres store serves the server's time), else the one given
+// with [WithClock], else the local wall clock. A lease is held until its
+// until_ms; a row whose until_ms has passed may be taken over by anyone. A
+// holder that keeps its lease with a [Keeper] stops trusting it a margin
+// before that, by its own monotonic clock and by the store's clock.
 //
 //	store, err := runlease.OpenSQLite("runs.db")
 //	if err != nil { … }
@@ -30,9 +33,9 @@ package runlease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"time"
 )
@@ -40,34 +43,51 @@ import (
 // Lease is a held run lease. Renew it as the run advances and Release it
 // when done; dropping a Lease releases nothing, because a crashed driver must
 // leave its lease to expire rather than have it cleaned up by something that
-// is no longer running. A Lease is safe for concurrent use.
+// is no longer running.
+//
+// A Lease is safe for concurrent use. It has at most one write in flight:
+// Renew, Write and Release (and a [Keeper]'s renewals) wait for the write
+// before them, or for the end of their own context, whichever comes first.
+// Reading its state (Expiry, Fence, a keeper's Err) never waits for a write.
 type Lease struct {
 	store  Store
 	runID  string
 	key    string
 	holder string
-	fence  uint64
+	fence  uint64 // fixed at acquisition
 	o      options
 
-	mu    sync.Mutex
-	seen  string // the exact row this lease last wrote: what a renewal must present
-	until time.Time
-	lost  error // sticky once the row is known to belong to someone else
-	// released is set once this lease released itself.
-	released bool
-	// trustFrom is when, on this process's monotonic clock, the last
-	// successful write of this lease started: the row's expiry is at least
-	// TTL after it, which is what a Keeper's trust window counts from.
+	// token is held by the one write in flight, for its whole duration:
+	// a buffered channel rather than a mutex, so that waiting for it can
+	// end with the waiter's context.
+	token chan struct{}
+
+	// mu guards the fields below. It is a leaf lock: it is never held
+	// across store I/O, hooks, logging, or while taking another lock.
+	mu sync.Mutex
+	// seen is the row this lease believes the store holds: the row the
+	// next write must present. It is this lease's own last write, or a
+	// row of its own found on reading back (see ownRow).
+	seen string
+	// untilMS and trustFrom describe the last write confirmed to have
+	// landed: its row's until_ms, and when, on this process's monotonic
+	// clock, the attempt that wrote it started. A Keeper's trust window
+	// counts from them.
+	untilMS   int64
 	trustFrom time.Time
-	// unsure holds rows written by calls whose outcome stayed unknown: any
-	// of them may be what the store holds now.
-	unsure []string
+	// sentMS is the largest until_ms this lease ever sent, landed or not:
+	// every new row stamps a larger one, so no two rows it writes are
+	// equal and a read-back can tell which write landed.
+	sentMS   int64
+	lost     error // sticky once the row is known to be someone else's
+	released bool  // this lease's release landed
+	keepers  []*Keeper
 }
 
 // Acquire takes the lease on runID for holder, or fails with a
-// [*LeaseLostError] (matching [ErrLeaseLost]) naming the current holder and
-// the time takeover becomes possible, when a live lease is held by another
-// holder.
+// [*LeaseLostError] (matching [ErrLeaseLost] and [ErrTakenOver]) naming the
+// current holder and the time takeover becomes possible, when a live lease
+// is held by another holder.
 //
 // Re-acquiring a lease the same holder already holds succeeds with a new,
 // higher fence; a Lease value from the earlier acquisition then fails to
@@ -76,10 +96,16 @@ type Lease struct {
 // uint64 is refused with [ErrFenceExhausted], never wrapped; a stored row
 // that does not parse is refused with a [*CorruptRowError] and left as it
 // is. Invalid arguments fail with [ErrInvalidArgument] before anything is
-// written. A storage fault is returned as a [*StorageError]; when its outcome
-// was unknown, Acquire reads the row back and reports the truth.
+// written. A race lost to another acquirer of an expired or released row is
+// retried. A storage fault is returned as a [*StorageError]; when its
+// outcome was unknown, Acquire reads the row back and reports the truth.
+//
+// Acquire takes the options [WithTTL], [WithClock], [WithHooks] and
+// [WithLogger]; the hooks and the logger also serve a [Keeper] of the lease.
+// Holder strings must be unique per driver (see [HolderFor]): re-entry by an
+// equal holder is allowed by design.
 func Acquire(ctx context.Context, store Store, runID, holder string, opts ...Option) (*Lease, error) {
-	o, err := buildOptions(store, opts)
+	o, err := buildOptions(store, opts, optsAcquire, "Acquire")
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +122,8 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 	if err := checkName("holder", holder, maxHolderLen); err != nil {
 		return nil, err
 	}
-	l := &Lease{store: store, runID: runID, key: LeasePrefix + runID, holder: holder, o: o}
+	l := &Lease{store: store, runID: runID, key: LeasePrefix + runID, holder: holder, o: o,
+		token: make(chan struct{}, 1)}
 	start := time.Now()
 	err := l.acquire(ctx, tryCreate)
 	if h := o.hooks.Acquired; h != nil {
@@ -108,154 +135,111 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 	return l, nil
 }
 
+// maxAcquireTries bounds how many races in a row Acquire may lose to other
+// acquirers of a free row before it reports a fault: on a store that works,
+// each lost race means another acquirer won, which makes the row live.
+const maxAcquireTries = 1000
+
 // acquire writes the lease row: create-if-absent first when tryCreate, then
-// over the row read, a few times while the row keeps changing under it.
+// over the row read, while the row keeps changing under it.
 func (l *Lease) acquire(ctx context.Context, tryCreate bool) error {
-	// A run id with no row yet is the common case for new runs: creating
-	// the row first costs one round trip when it works.
-	err := error(errNotWritten)
-	if tryCreate {
-		err = l.write(ctx, nil, 1)
-	}
-	for try := 0; err == errNotWritten && try < 8; try++ {
-		raw, found, rerr := l.store.MetaGet(ctx, l.key)
-		switch {
-		case rerr != nil:
-			return rerr
-		case !found: // released rows are kept, so this is rare: the row was pruned
-			err = l.write(ctx, nil, 1)
-		default:
-			err = l.takeOver(ctx, raw)
+	var cur *string // the row last read; nil when absent
+	read := !tryCreate
+	for try := 0; try < maxAcquireTries; try++ {
+		if try >= 8 {
+			if err := sleepCtx(ctx, jitter(time.Duration(min(try, 100))*time.Millisecond)); err != nil {
+				return &StorageError{Op: "MetaGet", Key: l.key, Err: err}
+			}
 		}
+		if read {
+			raw, found, err := l.store.MetaGet(ctx, l.key)
+			if err != nil {
+				return err
+			}
+			cur = nil
+			if found {
+				cur = &raw
+			}
+		}
+		fence := uint64(1)
+		if cur != nil {
+			row, err := l.claimable(*cur)
+			if err != nil {
+				return err
+			}
+			fence = row.Fence + 1
+		}
+		next, won, err := l.tryAcquire(ctx, cur, fence)
+		if err != nil || won {
+			return err
+		}
+		cur, read = next, next == nil
 	}
-	if err == errNotWritten {
-		lost, _ := l.lostError(ctx)
-		return lost
-	}
-	return err
+	return &StorageError{Op: "MetaCAS", Key: l.key, Retryable: true,
+		Err: fmt.Errorf("lost the race for a free row %d times in a row", maxAcquireTries)}
 }
 
-// errNotWritten is write's report that a conditional write lost its race.
-var errNotWritten = &LeaseLostError{Cause: ErrRowChanged}
-
-// takeOver writes the next fence over raw, the row just read, unless a live
-// lease of another holder is in it.
-func (l *Lease) takeOver(ctx context.Context, raw string) error {
+// claimable decodes raw, the row read, and refuses it when it cannot be
+// taken over: a live lease of another holder, a corrupt row, or a fence at
+// its maximum.
+func (l *Lease) claimable(raw string) (leaseRow, error) {
 	row, err := decodeRow(raw)
 	if err != nil {
-		return corruptRow(l.key, raw, err)
+		return row, corruptRow(l.key, raw, err)
 	}
 	if row.live(l.o.nowMS()) && row.Holder != l.holder {
-		return &LeaseLostError{RunID: l.runID, Cause: ErrTakenOver,
+		return row, &LeaseLostError{RunID: l.runID, Cause: ErrTakenOver, refused: true,
 			Holder: row.Holder, Fence: row.Fence, Until: row.until()}
 	}
 	if row.Fence == math.MaxUint64 {
-		return fmt.Errorf("%w: run %q is at fence %d", ErrFenceExhausted, l.runID, row.Fence)
+		return row, fmt.Errorf("%w: run %q is at fence %d", ErrFenceExhausted, l.runID, row.Fence)
 	}
-	return l.write(ctx, &raw, row.Fence+1)
+	return row, nil
 }
 
-// write stores this lease's row with the given fence, conditional on
-// expected, and records it on success. It returns errNotWritten when the
-// condition did not hold.
-func (l *Lease) write(ctx context.Context, expected *string, fence uint64) error {
+// tryAcquire writes this holder's row at fence over expected (nil: absent).
+// It reports whether the row landed; when it did not, it returns the row
+// now stored if a read-back found it (nil otherwise: read it again).
+func (l *Lease) tryAcquire(ctx context.Context, expected *string, fence uint64) (*string, bool, error) {
 	start := time.Now()
-	row := leaseRow{Holder: l.holder, Fence: fence, UntilMS: l.o.nowMS() + l.o.ttl.Milliseconds()}
-	enc := row.encode()
-	ok, err := casResolved(ctx, l.store, l.key, expected, enc)
+	untilMS := stampMS(l.o.now(), l.o.ttl, 0)
+	next := leaseRow{Holder: l.holder, Fence: fence, UntilMS: untilMS}.encode()
+	ok, err := l.store.MetaCAS(ctx, l.key, expected, next)
+	if err == nil && !ok {
+		return nil, false, nil
+	}
 	if err != nil {
-		return err
-	}
-	if !ok {
-		return errNotWritten
-	}
-	l.fence, l.seen, l.until, l.trustFrom = fence, enc, row.until(), start
-	return nil
-}
-
-// lostError reads the row to say who holds the lease now, and returns the
-// row read ("" when it could not be read). The read only makes the error say
-// more; if it fails, the cause is ErrRowChanged.
-func (l *Lease) lostError(ctx context.Context) (*LeaseLostError, string) {
-	e := &LeaseLostError{RunID: l.runID, Cause: ErrRowChanged}
-	raw, found, err := l.store.MetaGet(ctx, l.key)
-	if err != nil || !found {
-		return e, ""
-	}
-	if row, err := decodeRow(raw); err == nil {
-		e.Holder, e.Fence, e.Until = row.Holder, row.Fence, row.until()
-		e.Cause = ErrTakenOver
-		if row.Holder == "" {
-			e.Cause = ErrReleased
+		if !IsOutcomeUnknown(err) {
+			return nil, false, err
+		}
+		raw, found, rerr := l.store.MetaGet(ctx, l.key)
+		switch {
+		case rerr != nil:
+			return nil, false, err
+		case found && raw == next:
+			// landed
+		case !found && expected == nil, found && expected != nil && raw == *expected:
+			return nil, false, err // not applied, or not yet
+		case !found:
+			return nil, false, nil
+		default:
+			return &raw, false, nil // another acquirer moved the row
 		}
 	}
-	return e, raw
+	l.fence, l.seen, l.untilMS, l.sentMS, l.trustFrom = fence, next, untilMS, untilMS, start
+	return nil, true, nil
 }
 
-// swap writes next over the row this lease last wrote, and on success makes
-// it the row to present next time. A row from an earlier call whose outcome
-// stayed unknown counts as this lease's own: if the store holds it, swap
-// adopts it and tries again, so a lost reply never turns into a false loss.
-func (l *Lease) swap(ctx context.Context, next string, extra []Op, notify bool) error {
-	for {
-		ok, err := l.condWrite(ctx, next, extra, notify)
-		if err != nil {
-			if IsOutcomeUnknown(err) && len(l.unsure) < maxUnsure {
-				l.unsure = append(l.unsure, next)
-			}
-			return err
-		}
-		if ok {
-			l.seen, l.unsure = next, l.unsure[:0]
-			return nil
-		}
-		lost, cur := l.lostError(ctx)
-		if cur == "" || !slices.Contains(l.unsure, cur) {
-			l.lost = lost
-			return lost
-		}
-		l.seen, l.unsure = cur, l.unsure[:0]
+// sleepCtx waits for d or the end of ctx, whose error it returns.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
-}
-
-// condWrite writes next over the row this lease last wrote, with the extra
-// ops in the same atomic batch when there are any, waking the run's waiters
-// when notify is set and the store can.
-func (l *Lease) condWrite(ctx context.Context, next string, extra []Op, notify bool) (bool, error) {
-	switch {
-	case notify:
-		return casNotify(ctx, l.store, l.key, &l.seen, next)
-	case len(extra) == 0:
-		return casResolved(ctx, l.store, l.key, &l.seen, next)
-	}
-	ops := append([]Op{Put(l.key, next)}, extra...)
-	ok, err := l.store.(Batcher).MetaBatch(ctx, []Cond{IfEquals(l.key, l.seen)}, ops)
-	if err == nil || !IsOutcomeUnknown(err) {
-		return ok, err
-	}
-	won, rerr := resolveCAS(ctx, l.store, l.key, &l.seen, next, ok, err)
-	if rerr != nil || won {
-		return won, rerr
-	}
-	// Another writer holds the row now. The batch may still have landed
-	// before it did, so the user's writes are in doubt: the error says the
-	// lease is lost and the outcome unknown, never "nothing written".
-	lost, _ := l.lostError(ctx)
-	lost.Err = err
-	l.lost = lost
-	return false, lost
-}
-
-// maxUnsure bounds how many writes of unknown outcome a lease remembers.
-// More in a row than this means the store has been failing for several
-// renewal intervals, by which time the trust window has run out anyway.
-const maxUnsure = 8
-
-// state returns what a Keeper needs to know of the lease at once.
-func (l *Lease) state() (trustFrom time.Time, lost error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.trustFrom, l.lost
 }
 
 // RunID returns the run this lease is for.
@@ -271,68 +255,36 @@ func (l *Lease) Fence() uint64 { return l.fence }
 // TTL returns how long each acquisition or renewal holds the lease.
 func (l *Lease) TTL() time.Duration { return l.o.ttl }
 
-// Expiry returns the until time of the row this lease last wrote, by the
-// clock that judges expiry: when another driver may take over if the lease
-// is not renewed.
+// Expiry returns the until time of the last row this lease is sure it
+// wrote, by the clock that judges expiry: when another driver may take over
+// if the lease is not renewed.
 func (l *Lease) Expiry() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.until
+	return time.UnixMilli(l.untilMS).UTC()
 }
 
-// Renew extends the lease to now plus its TTL, keeping the fence.
-//
-// Renew fails with a [*LeaseLostError] (matching [ErrLeaseLost]) once anyone
-// else has written the row — taken over after this driver stalled past its
-// TTL, or released — and from then on every call fails the same way without
-// touching the store: that is the moment the driver must stop advancing the
-// run. A storage fault is returned as is and leaves the lease as it was, so
-// Renew may be retried; when the fault's outcome is unknown, Renew reads the
-// row back and reports the truth rather than a false loss.
-func (l *Lease) Renew(ctx context.Context) error {
-	return l.renew(ctx, nil)
-}
-
-// renew extends the lease, writing extra in the same atomic batch.
-func (l *Lease) renew(ctx context.Context, extra []Op) error {
+// Err returns nil while the lease may still be held, and the
+// [*LeaseLostError] that ended it once a call found it lost or released.
+// It does no I/O: a lease whose row was taken over is known to be lost only
+// once a call has read or failed to write the row.
+func (l *Lease) Err() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.lost != nil {
-		return l.lost
-	}
-	start := time.Now()
-	row := leaseRow{Holder: l.holder, Fence: l.fence, UntilMS: l.o.nowMS() + l.o.ttl.Milliseconds()}
-	if err := l.swap(ctx, row.encode(), extra, false); err != nil {
-		return err
-	}
-	l.until, l.trustFrom = row.until(), start
-	return nil
+	return l.lost
 }
 
-// Release gives the lease up, so the next driver can start at once rather
-// than after the TTL. The row is kept as a released tombstone with the same
-// fence, so the next acquisition continues above it.
-//
-// Release is conditional on the row this lease last wrote: a driver whose
-// lease was taken over leaves the new holder's lease untouched and gets a
-// [*LeaseLostError]. Releasing twice is a no-op. On a storage fault the lease
-// is unchanged and Release may be retried; a lease that is never released
-// expires after its TTL.
-func (l *Lease) Release(ctx context.Context) error {
+// leaseState is what a Keeper reads of its lease at once.
+type leaseState struct {
+	trustFrom time.Time
+	untilMS   int64
+	lost      error
+}
+
+func (l *Lease) state() leaseState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.released {
-		return nil
-	}
-	if l.lost != nil {
-		return l.lost
-	}
-	if err := l.swap(ctx, leaseRow{Fence: l.fence, UntilMS: l.o.nowMS()}.encode(), nil, true); err != nil {
-		return err
-	}
-	l.released = true
-	l.lost = &LeaseLostError{RunID: l.runID, Cause: ErrReleased, Fence: l.fence}
-	return nil
+	return leaseState{l.trustFrom, l.untilMS, l.lost}
 }
 
 // LeaseInfo describes the lease row of a run, as [Peek] reads it.
@@ -350,11 +302,11 @@ type LeaseInfo struct {
 
 // Peek reads the lease of runID without changing it, so a status surface can
 // say who holds a run and when takeover becomes possible. A run with no row
-// has Found false. A row that does not parse is a [*CorruptRowError]. Only
-// the [WithClock] option matters to Peek: it judges Live.
+// has Found false. A row that does not parse is a [*CorruptRowError]. Peek
+// takes one option, [WithClock], which judges Live.
 func Peek(ctx context.Context, store Store, runID string, opts ...Option) (LeaseInfo, error) {
 	info := LeaseInfo{RunID: runID}
-	o, err := buildOptions(store, opts)
+	o, err := buildOptions(store, opts, optsRead, "Peek")
 	if err != nil {
 		return info, err
 	}
@@ -371,4 +323,14 @@ func Peek(ctx context.Context, store Store, runID string, opts ...Option) (Lease
 		return info, corruptRow(key, raw, err)
 	}
 	return info, nil
+}
+
+// errorsIsAny reports whether err matches any of targets.
+func errorsIsAny(err error, targets ...error) bool {
+	for _, t := range targets {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
 }

@@ -29,10 +29,49 @@ const (
 	SlotPrefix  = "runslot:"  // a slot: runslot:<scope>:<k>
 )
 
-// Option configures [Acquire], [ClaimSlots], [Peek] and [Occupancy].
+// Option configures [Acquire], [AcquireWait], [ClaimSlots], [Keep], [Peek]
+// and the other calls of this package. Each call documents the options it
+// takes; an option a call cannot apply makes it fail with
+// [ErrInvalidArgument] rather than be ignored (a TTL given to Keep, for
+// example, could not change the rows the lease already wrote).
 type Option func(*options)
 
+// optionSet records which options a caller gave, so that a call can refuse
+// the ones that do not apply to it and tell an explicit zero from a default.
+type optionSet uint16
+
+const (
+	optTTL optionSet = 1 << iota
+	optClock
+	optPoll
+	optInterval
+	optMargin
+	optSlots
+	optHooks
+	optLogger
+)
+
+// Which calls take which options.
+const (
+	optsAcquire = optTTL | optClock | optHooks | optLogger
+	optsWait    = optsAcquire | optPoll
+	optsClaim   = optTTL | optClock | optHooks | optLogger
+	optsKeep    = optInterval | optMargin | optSlots | optHooks | optLogger
+	optsRead    = optClock
+)
+
+var optionNames = []struct {
+	bit  optionSet
+	name string
+}{
+	{optTTL, "WithTTL"}, {optClock, "WithClock"}, {optPoll, "WithWaitPoll"},
+	{optInterval, "KeepInterval"}, {optMargin, "KeepMargin"}, {optSlots, "KeepSlots"},
+	{optHooks, "WithHooks"}, {optLogger, "WithLogger"},
+}
+
 type options struct {
+	set optionSet // the options given
+
 	ttl time.Duration
 	now func() time.Time
 	// uncertainty is how far now may be from the store's clock.
@@ -43,6 +82,7 @@ type options struct {
 	// Read by Keep only.
 	interval, margin time.Duration
 	slots            *Slots
+	strictSlots      bool
 	hooks            Hooks
 	logger           *slog.Logger
 }
@@ -51,8 +91,11 @@ type options struct {
 // default is [DefaultTTL]; values outside [MinTTL, MaxTTL] make the call fail
 // with [ErrInvalidArgument] before anything is written. Whole milliseconds
 // count: the rows store milliseconds.
+//
+// Acquire, AcquireWait and ClaimSlots take it. A Keeper cannot change the
+// TTL of a lease it keeps, so [Keep] refuses it: acquire with the TTL wanted.
 func WithTTL(ttl time.Duration) Option {
-	return func(o *options) { o.ttl = ttl }
+	return func(o *options) { o.ttl, o.set = ttl, o.set|optTTL }
 }
 
 // WithClock sets the clock that stamps and judges expiry, in place of the
@@ -62,7 +105,7 @@ func WithTTL(ttl time.Duration) Option {
 // of real time for a [Keeper]'s trust window to hold.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) {
-		o.now = now
+		o.now, o.set = now, o.set|optClock
 		if o.now == nil { // refused by buildOptions
 			o.now = func() time.Time { return time.Time{} }
 			o.uncertainty = -1
@@ -71,8 +114,9 @@ func WithClock(now func() time.Time) Option {
 }
 
 // buildOptions applies opts over the defaults, taking the clock from store
-// when it has one and no clock was given.
-func buildOptions(store Store, opts []Option) (options, error) {
+// when it has one and no clock was given. It refuses options outside
+// allowed, naming fn, the call that refuses them.
+func buildOptions(store Store, opts []Option, allowed optionSet, fn string) (options, error) {
 	o := options{ttl: DefaultTTL, poll: DefaultWaitPoll}
 	if store == nil {
 		return o, invalidArg("store", "nil")
@@ -81,6 +125,9 @@ func buildOptions(store Store, opts []Option) (options, error) {
 		if opt != nil {
 			opt(&o)
 		}
+	}
+	if err := o.refuseOutside(allowed, fn); err != nil {
+		return o, err
 	}
 	if o.now == nil {
 		o.now = time.Now
@@ -98,7 +145,35 @@ func buildOptions(store Store, opts []Option) (options, error) {
 	return o, nil
 }
 
+// refuseOutside fails when an option outside allowed was given.
+func (o options) refuseOutside(allowed optionSet, fn string) error {
+	extra := o.set &^ allowed
+	if extra == 0 {
+		return nil
+	}
+	var names []string
+	for _, n := range optionNames {
+		if extra&n.bit != 0 {
+			names = append(names, n.name)
+		}
+	}
+	return invalidArg("options", "%s does not take %s", fn, strings.Join(names, ", "))
+}
+
 func (o options) nowMS() int64 { return o.now().UnixMilli() }
+
+// stampMS returns the until_ms of a row written now that holds for ttl: the
+// instant now + ttl rounded UP to the millisecond, so that the row never
+// expires before the attempt that wrote it is ttl old, and above floor, so
+// that every row one holder writes differs from every row it wrote before.
+func stampMS(now time.Time, ttl time.Duration, floor int64) int64 {
+	end := now.Add(ttl)
+	ms := end.UnixMilli()
+	if end.After(time.UnixMilli(ms)) {
+		ms++
+	}
+	return max(ms, floor+1)
+}
 
 // checkName validates a run id, holder or principal: non-empty UTF-8 text
 // without NUL, short enough to make a key.

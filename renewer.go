@@ -13,24 +13,50 @@ const maxInFlight = 64
 
 // Renewer renews many leases from one loop: each kept lease costs a small
 // record and a place in a queue ordered by due time, not a goroutine. A
-// renewal in flight runs on a goroutine of its own, at most 64 at once. The
-// loop runs only while some lease is kept, so an idle Renewer holds no
-// goroutine. The zero Renewer is ready to use; it is safe for concurrent
-// use.
+// renewal in flight runs on a goroutine of its own, at most 64 at once, and
+// leases of one store that can renew many at once ([MultiCASer]) are renewed
+// together in one call. The loop runs only while some lease is kept, so an
+// idle Renewer holds no goroutine. The zero Renewer is ready to use; it is
+// safe for concurrent use. See CONCURRENCY.md for who owns which state.
 type Renewer struct {
 	own bool // owned by one Keeper, made by Keep
 
+	// mu guards the fields below and every Keeper's fields marked so. It
+	// is never held across store I/O, hooks or logging; while holding it,
+	// the loop may take a Lease's or Slots' leaf lock to read its state.
 	mu       sync.Mutex
 	queue    keeperQueue
 	wake     chan struct{}
 	loopDone chan struct{} // closed when the running loop exits; nil when none runs
-	slots    chan struct{} // bounds renewals in flight
+	batches  map[*batchJob]struct{}
+	sem      chan struct{} // bounds renewals in flight
+	jobs     sync.WaitGroup
+}
+
+// job is one renewal in flight for a keeper: alone, or as a member of a
+// batch that renews several leases in one call.
+type job struct {
+	cancel   context.CancelFunc // cuts a job of its own short
+	done     chan struct{}      // closed when the job has returned
+	batch    *batchJob          // the batch it belongs to, or nil
+	detached bool               // its keeper ended: it no longer counts in batch.live
+	timeLeft time.Duration      // trust left when it was dispatched
+}
+
+// batchJob is one batched renewal in flight. It is cut short once every
+// keeper it renews for has ended.
+type batchJob struct {
+	cancel context.CancelFunc
+	live   int
 }
 
 // Keep starts keeping lease: renewing it (and the slots of [KeepSlots]) every
 // [KeepInterval] until the lease is lost, the keeper is stopped, or ctx
-// ends. The keeper's options default to those lease was acquired with, so
-// hooks and logger given to Acquire apply here too.
+// ends. The keeper's hooks and logger default to those lease was acquired
+// with. Keep takes the options [KeepInterval], [KeepMargin], [KeepSlots] or
+// [KeepSlotsStrict], [WithHooks] and [WithLogger]; any other (a TTL or a
+// clock, which could not change the rows the lease already wrote) makes it
+// fail with [ErrInvalidArgument].
 //
 // ctx bounds the keeper, not a single call: when it ends, the keeper stops
 // with an error matching [ErrKeeperStopped] that wraps ctx's cause, and the
@@ -41,29 +67,28 @@ type Renewer struct {
 // [*LeaseLostError] when it is already lost. When the lease's trust window
 // has already run out (it was acquired or last renewed more than TTL -
 // margin ago), the keeper ends at once with [ErrTrustExpired]: renew the
-// lease first.
+// lease first. Several keepers may keep one lease; they share its renewals.
 func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keeper, error) {
 	if lease == nil {
 		return nil, invalidArg("lease", "nil")
 	}
 	o := lease.o
+	o.set = 0
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
 		}
 	}
-	if err := o.validateKeep(); err != nil {
+	if err := o.refuseOutside(optsKeep, "Keep"); err != nil {
 		return nil, err
 	}
-	trustFrom, lost := lease.state()
-	if lost != nil {
-		return nil, lost
+	if err := o.validateKeep(lease); err != nil {
+		return nil, err
 	}
-	k := &Keeper{r: r, lease: lease, slots: o.slots, o: o, parent: ctx, index: -1}
-	k.trustEnd = trustFrom.Add(o.ttl - o.margin)
-	k.renewAt = trustFrom.Add(o.interval)
-	k.next = earliest(k.renewAt, k.trustEnd)
-
+	k := &Keeper{r: r, lease: lease, slots: o.slots, strict: o.strictSlots, o: o, parent: ctx, index: -1}
+	if err := lease.addKeeper(k); err != nil {
+		return nil, err
+	}
 	unwatch := func() bool { return false }
 	if ctx.Done() != nil { // a context that can end: stop with it
 		unwatch = context.AfterFunc(ctx, func() {
@@ -71,31 +96,36 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 		})
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if k.err == nil { // ctx may have ended already
+	ended := k.err != nil // lost or ctx ended already
+	if !ended {
 		k.unwatch = unwatch
+		k.next = time.Now() // look at it at once: its trust may have run out
 		r.push(k)
+	}
+	r.mu.Unlock()
+	if ended {
+		unwatch()
 	}
 	return k, nil
 }
 
-// Close stops every keeper of the Renewer, as Stop does, and returns once
-// its loop has exited. Leases are not released.
+// Close stops every keeper of the Renewer, as Stop does, cuts short every
+// renewal in flight, and returns once its goroutines have exited. Leases are
+// not released. The Renewer may be used again afterwards.
 func (r *Renewer) Close() {
 	r.mu.Lock()
 	keepers := append([]*Keeper(nil), r.queue...)
 	r.mu.Unlock()
 	for _, k := range keepers {
-		k.Stop()
+		r.end(k, ErrKeeperStopped)
 	}
+	r.mu.Lock()
+	for b := range r.batches {
+		b.cancel()
+	}
+	r.mu.Unlock()
+	r.jobs.Wait()
 	r.waitIdle()
-}
-
-func earliest(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }
 
 // push queues k and makes sure the loop runs and sees it. r.mu is held.
@@ -118,7 +148,8 @@ func (r *Renewer) poke() {
 	}
 }
 
-// waitIdle returns once the loop, if it is running down, has exited.
+// waitIdle returns once the loop, if it is running down, has exited, and
+// every renewal in flight has returned.
 func (r *Renewer) waitIdle() {
 	r.mu.Lock()
 	done := r.loopDone
@@ -126,6 +157,9 @@ func (r *Renewer) waitIdle() {
 	r.mu.Unlock()
 	if idle && done != nil {
 		<-done
+	}
+	if idle {
+		r.jobs.Wait()
 	}
 }
 
@@ -152,7 +186,7 @@ func (r *Renewer) loop(wake <-chan struct{}, done chan struct{}) {
 			}
 			continue
 		}
-		reports := r.dispatchDue(now)
+		reports := r.dueLocked(now)
 		r.mu.Unlock()
 		for _, report := range reports {
 			report()
@@ -160,121 +194,90 @@ func (r *Renewer) loop(wake <-chan struct{}, done chan struct{}) {
 	}
 }
 
-// dispatchDue handles every keeper whose time has come: it ends those whose
-// trust window ran out and starts renewals for the others, batched per store
-// where the store can. r.mu is held; the returned funcs run after unlocking.
-func (r *Renewer) dispatchDue(now time.Time) []func() {
+// dueLocked handles every keeper whose time has come: it ends those whose
+// lease is lost or whose trust window ran out, and starts the renewals that
+// are due. r.mu is held; the returned funcs run after unlocking, so hooks
+// and loggers never run under the lock.
+func (r *Renewer) dueLocked(now time.Time) []func() {
 	var reports []func()
-	var due []*Keeper
+	var leaseDue, slotsDue []*Keeper
 	for len(r.queue) > 0 && !r.queue[0].next.After(now) {
 		k := r.queue[0]
-		if !now.Before(k.trustEnd) {
-			reports = append(reports, r.endLocked(k, k.trustExpired()))
+		reason, report := r.lossLocked(k, now)
+		reports = append(reports, report)
+		if reason != nil {
+			reports = append(reports, r.endLocked(k, reason))
 			continue
 		}
-		k.next = k.trustEnd // wake for the deadline even if the renewal hangs
-		heap.Fix(&r.queue, 0)
-		if k.flying == nil {
-			due = append(due, k)
-		}
-	}
-	if r.slots == nil {
-		r.slots = make(chan struct{}, maxInFlight)
-	}
-	for _, group := range groupByStore(due) {
-		flying := make(chan struct{})
-		deadline := group[0].trustEnd
-		for _, k := range group {
-			k.flying = flying
-			deadline = earliest(deadline, k.trustEnd)
-		}
-		if len(group) == 1 {
-			go r.renew(group[0], flying, deadline)
+		st := k.lease.state()
+		next := k.trustEnd(st, now)
+		if due := k.leaseDueAt(st); k.leaseJob != nil {
+			// in flight: look again when the trust window ends
+		} else if !now.Before(due) {
+			leaseDue = append(leaseDue, k)
 		} else {
-			go r.renewGroup(group, flying, deadline)
+			next = earliest(next, due)
 		}
+		if k.slots != nil {
+			from, trustEnd, any := k.slots.keptState(now)
+			if any {
+				next = earliest(next, trustEnd)
+				due := from.Add(k.o.interval)
+				if !k.slotWait.at.IsZero() {
+					due = k.slotWait.at
+				}
+				if k.slotJob != nil {
+				} else if !now.Before(due) {
+					slotsDue = append(slotsDue, k)
+				} else {
+					next = earliest(next, due)
+				}
+			}
+		}
+		k.next = next
+		heap.Fix(&r.queue, 0)
 	}
+	r.dispatchLocked(now, leaseDue, slotsDue)
 	return reports
 }
 
-// renew runs one renewal of k and schedules the next. deadline is the trust
-// window's end: a renewal still running then is of no use.
-func (r *Renewer) renew(k *Keeper, flying chan struct{}, deadline time.Time) {
-	defer close(flying)
-	r.slots <- struct{}{}
-	defer func() { <-r.slots }()
-
-	ctx, cancel := context.WithDeadline(context.WithoutCancel(k.parent), deadline)
-	defer cancel()
-	r.mu.Lock()
-	if k.err != nil { // stopped before the renewal began
-		r.mu.Unlock()
-		return
+// leaseDueAt returns when the lease in state st is next due for renewal.
+func (k *Keeper) leaseDueAt(st leaseState) time.Time {
+	if !k.leaseWait.at.IsZero() {
+		return k.leaseWait.at
 	}
-	k.abort = cancel
-	r.mu.Unlock()
-	start := time.Now()
-	err := k.lease.Renew(ctx)
-	r.finish(ctx, k, start, time.Since(start), err)
+	return st.trustFrom.Add(k.o.interval)
 }
 
-// finish reports a renewal of k that started at start and schedules what
-// comes next: the next renewal, a retry, or the end.
-func (r *Renewer) finish(ctx context.Context, k *Keeper, start time.Time, latency time.Duration, err error) {
-	if err == nil && k.slots != nil {
-		k.renewSlots(ctx)
+// lossLocked returns why k must end now, if it must: its lease lost, its
+// trust window run out, or, kept strictly, a slot lost. Slot losses are
+// reported by the returned func, which runs after unlocking. r.mu is held.
+func (r *Renewer) lossLocked(k *Keeper, now time.Time) (error, func()) {
+	report := func() {}
+	st := k.lease.state()
+	if st.lost != nil {
+		return st.lost, report
 	}
-	r.mu.Lock()
-	timeLeft := k.trustEnd.Sub(start)
-	r.mu.Unlock()
-	if h := k.o.hooks.Renewed; h != nil {
-		h(RenewEvent{RunID: k.lease.runID, Fence: k.lease.fence, Latency: latency, TimeLeft: timeLeft, Err: err})
+	if !now.Before(k.trustEnd(st, now)) {
+		return k.trustExpired(), report
 	}
-
-	r.mu.Lock()
-	k.flying, k.abort = nil, nil
-	if k.err != nil { // ended while the renewal ran
-		r.mu.Unlock()
-		return
+	if k.slots == nil {
+		return nil, report
 	}
-	var report func()
-	switch {
-	case err == nil:
-		trustFrom, _ := k.lease.state()
-		k.trustEnd = trustFrom.Add(k.o.ttl - k.o.margin)
-		k.renewAt = trustFrom.Add(k.o.interval)
-		k.backoff, k.lastErr = 0, nil
-	case errors.Is(err, ErrLeaseLost):
-		report = r.endLocked(k, err)
-	default:
-		k.lastErr = err
-		k.renewAt = time.Now().Add(k.nextBackoff())
-		k.o.logger.Debug("runlease: renewal failed; retrying", "run", k.lease.runID, "err", err,
-			"retry_in", time.Until(k.renewAt), "trust_left", time.Until(k.trustEnd))
+	lost := k.slots.takeLosses(now)
+	if lost == nil {
+		return nil, report
 	}
-	if report == nil {
-		k.next = earliest(k.renewAt, k.trustEnd)
-		heap.Fix(&r.queue, k.index)
-		r.poke()
-	}
-	r.mu.Unlock()
-	if report != nil {
-		report()
-	}
-}
-
-// renewSlots renews the kept slots and reports any lost.
-func (k *Keeper) renewSlots(ctx context.Context) {
-	err := k.slots.Renew(ctx)
-	var lost *SlotLostError
-	if errors.As(err, &lost) {
-		k.o.logger.Warn("runlease: slots lost", "run", k.lease.runID, "keys", lost.Keys)
+	report = func() {
+		k.o.logger.Warn("runlease: slots lost", "run", k.lease.runID, "keys", lost.Keys, "cause", lost.Cause)
 		if h := k.o.hooks.SlotsLost; h != nil {
 			h(SlotLossEvent{RunID: k.lease.runID, Err: lost})
 		}
-	} else if err != nil {
-		k.o.logger.Debug("runlease: slot renewal failed", "run", k.lease.runID, "err", err)
 	}
+	if k.strict {
+		return lost, report
+	}
+	return nil, report
 }
 
 // end ends k with err unless it has ended already.
@@ -285,9 +288,9 @@ func (r *Renewer) end(k *Keeper, err error) {
 	report()
 }
 
-// endLocked ends k: out of the queue, work context cancelled, Done closed.
-// r.mu is held; the returned func reports the end and runs after unlocking,
-// so hooks and loggers never run under the lock.
+// endLocked ends k: out of the queue, its renewals in flight cut short,
+// work context cancelled, Done closed. r.mu is held; the returned func
+// reports the end and runs after unlocking.
 func (r *Renewer) endLocked(k *Keeper, err error) func() {
 	if k.err != nil {
 		return func() {}
@@ -297,8 +300,8 @@ func (r *Renewer) endLocked(k *Keeper, err error) func() {
 		heap.Remove(&r.queue, k.index)
 		r.poke()
 	}
-	if k.abort != nil {
-		k.abort()
+	for _, j := range []*job{k.leaseJob, k.slotJob} {
+		r.detachLocked(j)
 	}
 	if k.cancel != nil {
 		k.cancel(err)
@@ -313,12 +316,28 @@ func (r *Renewer) endLocked(k *Keeper, err error) func() {
 		if unwatch != nil {
 			unwatch()
 		}
+		k.lease.removeKeeper(k)
 		if !errors.Is(err, ErrLeaseLost) {
 			return
 		}
 		k.o.logger.Warn("runlease: lease lost; stop advancing the run", "run", k.lease.runID, "err", err)
 		if h := k.o.hooks.Lost; h != nil {
 			h(LossEvent{RunID: k.lease.runID, Fence: k.lease.fence, Err: err})
+		}
+	}
+}
+
+// detachLocked cuts j short for a keeper that ended: a job of its own at
+// once, a batch once none of its keepers runs. r.mu is held.
+func (r *Renewer) detachLocked(j *job) {
+	switch {
+	case j == nil || j.detached:
+	case j.batch == nil:
+		j.cancel()
+	default:
+		j.detached = true
+		if j.batch.live--; j.batch.live == 0 {
+			j.batch.cancel()
 		}
 	}
 }

@@ -1,7 +1,9 @@
 package runlease
 
 import (
+	"container/heap"
 	"context"
+	"errors"
 	"reflect"
 	"time"
 )
@@ -9,52 +11,276 @@ import (
 // maxRenewBatch is the most leases one batched renewal carries.
 const maxRenewBatch = 512
 
-// groupByStore splits due keepers into renewal groups: the leases of one
-// store that can renew many at once ([MultiCASer]) in chunks of up to
-// maxRenewBatch, and every other keeper alone. A lease kept by two keepers
-// goes into a batch once; the other keeper renews it alone (a batch locks
-// each of its leases, and must not lock one twice).
-func groupByStore(due []*Keeper) [][]*Keeper {
-	var groups [][]*Keeper
-	open := map[Store]int{} // store → index of its group still filling
-	batched := map[*Lease]bool{}
-	for _, k := range due {
+// dispatchLocked starts the renewals that are due: the leases of one store
+// that can renew many at once ([MultiCASer]) together, in chunks of up to
+// maxRenewBatch, and every other lease, and every set of slots, alone. A
+// batch takes each lease's write token without waiting, under r.mu: a lease
+// with a write in flight (a fenced Write, say) renews alone, on a goroutine
+// that waits for the token, so no batch ever waits for a token while
+// holding another. r.mu is held.
+func (r *Renewer) dispatchLocked(now time.Time, leaseDue, slotsDue []*Keeper) {
+	if r.sem == nil {
+		r.sem = make(chan struct{}, maxInFlight)
+		r.batches = map[*batchJob]struct{}{}
+	}
+	var singles []*Keeper
+	var stores []Store
+	groups := map[Store][]*Keeper{}
+	for _, k := range leaseDue {
 		s := k.lease.store
-		if _, ok := s.(MultiCASer); !ok || !reflect.TypeOf(s).Comparable() || batched[k.lease] {
-			groups = append(groups, []*Keeper{k})
+		if _, ok := s.(MultiCASer); ok && reflect.TypeOf(s).Comparable() && k.lease.tryLock() {
+			if groups[s] == nil {
+				stores = append(stores, s)
+			}
+			groups[s] = append(groups[s], k)
 			continue
 		}
-		i, ok := open[s]
-		if !ok || len(groups[i]) == maxRenewBatch {
-			i = len(groups)
-			open[s] = i
-			groups = append(groups, nil)
-		}
-		groups[i] = append(groups[i], k)
-		batched[k.lease] = true
+		singles = append(singles, k)
 	}
-	return groups
+	for _, s := range stores {
+		group := groups[s]
+		for len(group) > 0 {
+			chunk := group[:min(len(group), maxRenewBatch)]
+			group = group[len(chunk):]
+			if len(chunk) == 1 {
+				chunk[0].lease.unlock()
+				singles = append(singles, chunk[0])
+				continue
+			}
+			r.startBatchLocked(s.(MultiCASer), chunk, now)
+		}
+	}
+	for _, k := range singles {
+		r.startLeaseLocked(k, now)
+	}
+	for _, k := range slotsDue {
+		r.startSlotsLocked(k, now)
+	}
 }
 
-// renewGroup renews the leases of group, which share a store, in one
-// MultiCASer call, then finishes each keeper as renew does. A keeper
-// stopped meanwhile waits for the call (it is bounded by the earliest trust
-// window of the group) rather than cut it short for the others.
-func (r *Renewer) renewGroup(group []*Keeper, flying chan struct{}, deadline time.Time) {
-	defer close(flying)
-	r.slots <- struct{}{}
-	defer func() { <-r.slots }()
+// startLeaseLocked starts renewing k's lease alone. r.mu is held.
+func (r *Renewer) startLeaseLocked(k *Keeper, now time.Time) {
+	st := k.lease.state()
+	deadline := k.trustEnd(st, now)
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(k.parent), deadline)
+	j := &job{cancel: cancel, done: make(chan struct{}), timeLeft: deadline.Sub(now)}
+	k.leaseJob = j
+	r.jobs.Add(1)
+	go func() {
+		defer r.jobs.Done()
+		defer close(j.done)
+		defer cancel()
+		start := time.Now()
+		err := r.takeSem(ctx)
+		if err == nil {
+			err = k.lease.renewUnlessRenewed(ctx, st.trustFrom)
+			<-r.sem
+		}
+		r.finishLease(k, j, start, err)
+	}()
+}
 
+// startBatchLocked starts renewing the leases of group, whose write tokens
+// it holds, in one call. The call is bounded by the earliest trust window of
+// the group, and cut short once every keeper of the group has ended. r.mu is
+// held.
+func (r *Renewer) startBatchLocked(m MultiCASer, group []*Keeper, now time.Time) {
+	deadline := now.Add(time.Hour)
+	for _, k := range group {
+		deadline = earliest(deadline, k.trustEnd(k.lease.state(), now))
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
+	b := &batchJob{cancel: cancel, live: len(group)}
+	r.batches[b] = struct{}{}
+	jobs := make([]*job, len(group))
 	leases := make([]*Lease, len(group))
 	for i, k := range group {
-		leases[i] = k.lease
+		jobs[i] = &job{done: make(chan struct{}), batch: b, timeLeft: deadline.Sub(now)}
+		k.leaseJob, leases[i] = jobs[i], k.lease
 	}
-	start := time.Now()
-	errs := renewMany(ctx, group[0].lease.store.(MultiCASer), leases)
-	latency := time.Since(start)
-	for i, k := range group {
-		r.finish(ctx, k, start, latency, errs[i])
+	r.jobs.Add(1)
+	go func() {
+		defer r.jobs.Done()
+		start := time.Now()
+		var errs []error
+		if err := r.takeSem(ctx); err != nil {
+			errs = make([]error, len(leases))
+			for i, l := range leases {
+				l.unlock()
+				errs[i] = err
+			}
+		} else {
+			errs = renewMany(ctx, m, leases)
+			<-r.sem
+		}
+		cancel()
+		r.mu.Lock()
+		delete(r.batches, b)
+		r.mu.Unlock()
+		for i, k := range group {
+			close(jobs[i].done)
+			r.finishLease(k, jobs[i], start, errs[i])
+		}
+	}()
+}
+
+// takeSem takes a place among the renewals in flight, or fails when ctx
+// ends first.
+func (r *Renewer) takeSem(ctx context.Context) error {
+	select {
+	case r.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return &StorageError{Op: "MetaCAS", Err: ctx.Err()}
 	}
+}
+
+// finishLease records the outcome of a renewal of k's lease, j, that
+// started at start: it reports it, and schedules what comes next — the
+// next renewal, a retry, or the end.
+func (r *Renewer) finishLease(k *Keeper, j *job, start time.Time, err error) {
+	r.mu.Lock()
+	running := k.err == nil
+	r.mu.Unlock()
+	if running {
+		if h := k.o.hooks.Renewed; h != nil {
+			h(RenewEvent{RunID: k.lease.runID, Fence: k.lease.fence, Latency: time.Since(start), TimeLeft: j.timeLeft, Err: err})
+		}
+		if err != nil && !errors.Is(err, ErrLeaseLost) {
+			k.o.logger.Debug("runlease: renewal failed; retrying", "run", k.lease.runID, "err", err)
+		}
+	}
+	r.mu.Lock()
+	if k.leaseJob == j {
+		k.leaseJob = nil
+	}
+	var report func()
+	if k.err == nil {
+		switch {
+		case err == nil:
+			k.leaseWait, k.lastErr = retry{}, nil
+		case errors.Is(err, ErrLeaseLost):
+			report = r.endLocked(k, err)
+		default:
+			k.lastErr = err
+			k.leaseWait.after(time.Now(), k.o.interval)
+		}
+		r.rescheduleLocked(k)
+	}
+	r.mu.Unlock()
+	if report != nil {
+		report()
+	}
+}
+
+// startSlotsLocked starts renewing k's slots. r.mu is held.
+func (r *Renewer) startSlotsLocked(k *Keeper, now time.Time) {
+	_, trustEnd, _ := k.slots.keptState(now)
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(k.parent), trustEnd)
+	j := &job{cancel: cancel, done: make(chan struct{})}
+	k.slotJob = j
+	r.jobs.Add(1)
+	go func() {
+		defer r.jobs.Done()
+		defer close(j.done)
+		defer cancel()
+		err := r.takeSem(ctx)
+		if err == nil {
+			err = k.slots.renewKept(ctx)
+			<-r.sem
+		}
+		if err != nil {
+			k.o.logger.Debug("runlease: slot renewal failed; retrying", "run", k.lease.runID, "err", err)
+		}
+		r.mu.Lock()
+		if k.slotJob == j {
+			k.slotJob = nil
+		}
+		if k.err == nil {
+			if err != nil {
+				k.slotWait.after(time.Now(), k.o.interval)
+			} else {
+				k.slotWait = retry{}
+			}
+			r.rescheduleLocked(k)
+		}
+		r.mu.Unlock()
+	}()
+}
+
+// rescheduleLocked makes the loop look at k at once. r.mu is held.
+func (r *Renewer) rescheduleLocked(k *Keeper) {
+	if k.index < 0 {
+		return
+	}
+	k.next = time.Now()
+	heap.Fix(&r.queue, k.index)
+	r.poke()
+}
+
+// renewUnlessRenewed renews the lease unless a write of it has landed since
+// the renewal was planned (trustFrom was observed then): another keeper of
+// the lease, or a fenced Write, renewed it meanwhile.
+func (l *Lease) renewUnlessRenewed(ctx context.Context, observed time.Time) error {
+	if err := l.lock(ctx); err != nil {
+		return err
+	}
+	defer l.unlock()
+	if st := l.state(); st.lost == nil && !st.trustFrom.Equal(observed) {
+		return nil
+	}
+	return l.updateLocked(ctx, kindRenew, nil)
+}
+
+// renewMany renews leases, which share store m, are distinct, and whose
+// write tokens the caller holds, in one MetaCASMany call, and returns each
+// lease's outcome. It gives every token back. A lease whose write did not
+// apply is resolved on its own, as Renew would (it reads the row back, and
+// adopts a row of its own); a fault of the whole call leaves every lease as
+// it was, and its next write finds out what landed.
+func renewMany(ctx context.Context, m MultiCASer, leases []*Lease) []error {
+	defer func() {
+		for _, l := range leases {
+			l.unlock()
+		}
+	}()
+	type pending struct {
+		next    string
+		untilMS int64
+		start   time.Time
+	}
+	errs := make([]error, len(leases))
+	pend := make([]pending, len(leases))
+	writes := make([]CASWrite, 0, len(leases))
+	index := make([]int, 0, len(leases))
+	for i, l := range leases {
+		l.mu.Lock()
+		if l.lost != nil {
+			errs[i] = l.lost
+			l.mu.Unlock()
+			continue
+		}
+		seen := l.seen
+		pend[i].start = time.Now()
+		pend[i].next, pend[i].untilMS = l.nextRowLocked(kindRenew)
+		l.mu.Unlock()
+		writes = append(writes, CASWrite{Key: l.key, Expected: &seen, Value: pend[i].next})
+		index = append(index, i)
+	}
+	if len(writes) == 0 {
+		return errs
+	}
+	swapped, err := m.MetaCASMany(ctx, writes)
+	for j, i := range index {
+		l, p := leases[i], pend[i]
+		switch {
+		case err != nil:
+			errs[i] = l.fault(ctx, err)
+		case swapped[j]:
+			l.confirm(kindRenew, p.next, p.untilMS, p.start)
+		default:
+			errs[i] = l.updateLocked(ctx, kindRenew, nil)
+		}
+	}
+	return errs
 }

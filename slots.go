@@ -3,6 +3,7 @@ package runlease
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,90 +95,302 @@ type SlotInfo struct {
 }
 
 // Slots is the set of slots one run holds, one per scope, claimed by
-// [ClaimSlots]. Renew it beside the run's lease and Release it when the run
-// ends or parks. A Slots is safe for concurrent use.
+// [ClaimSlots]. Renew it beside the run's lease (or keep it with
+// [KeepSlots]) and Release it when the run ends or parks.
+//
+// Each slot has a trust window like a lease's: it is trusted until the
+// start of its last renewal that landed + TTL - margin (a tenth of the TTL
+// plus the store clock's uncertainty), and while the clock that judges
+// expiry is a margin short of the row's expiry. A slot whose window ran out
+// is given up: Held no longer lists it, it is not renewed again, and its
+// row expires on its own. A Slots is safe for concurrent use; it has at
+// most one write in flight, and its other calls wait for it or for their
+// own context.
 type Slots struct {
-	store Store
-	runID string
-	o     options
+	store  Store
+	runID  string
+	o      options
+	margin time.Duration
 
-	mu   sync.Mutex
-	held []heldSlot
+	token chan struct{} // held by the one call writing the slots
+
+	// mu guards the fields below. It is a leaf lock, never held across
+	// store I/O, hooks or logging.
+	mu     sync.Mutex
+	held   []*heldSlot
+	losses []string // keys lost since the last takeLosses, with lossCause
+	cause  error
 }
 
 type heldSlot struct {
 	scope string
 	slot  int
 	key   string
-	seen  string // the exact row last written: what renew and release present
-	prev  *string
+	seen  string // the row the next write must present
+	// untilMS and trustFrom describe the last write confirmed to have
+	// landed; sentMS is the largest until_ms ever sent for the slot, so
+	// that no two rows written for it are equal.
+	untilMS   int64
+	sentMS    int64
+	trustFrom time.Time
+	prev      *string // the row before the claim, for a rollback
+}
+
+func newSlots(store Store, runID string, o options) *Slots {
+	return &Slots{store: store, runID: runID, o: o, margin: o.ttl/10 + o.uncertainty,
+		token: make(chan struct{}, 1)}
 }
 
 // RunID returns the run that holds the slots.
 func (s *Slots) RunID() string { return s.runID }
 
-// Held returns the slots still held, in the order of the scopes claimed.
+// TTL returns how long each claim or renewal holds the slots.
+func (s *Slots) TTL() time.Duration { return s.o.ttl }
+
+// Held returns the slots still held and trusted, in the order of the scopes
+// claimed. A slot lost to another run, or whose trust window ran out, is
+// never listed.
 func (s *Slots) Held() []SlotInfo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.expireLocked(time.Now())
 	out := make([]SlotInfo, 0, len(s.held))
 	for _, h := range s.held {
-		row, _ := decodeRow(h.seen)
-		out = append(out, SlotInfo{Scope: h.scope, Slot: h.slot, RunID: s.runID, Until: row.until(), Key: h.key})
+		out = append(out, SlotInfo{Scope: h.scope, Slot: h.slot, RunID: s.runID,
+			Until: time.UnixMilli(h.untilMS).UTC(), Key: h.key})
 	}
 	return out
 }
 
-// Renew extends every held slot to now plus the TTL. A slot that another run
-// has taken since (after this run stalled past the TTL) is dropped from the
-// set and reported in a [*SlotLostError]; the other slots are still renewed.
-// A lost slot need not stop the run: the lease is the authority on who may
-// advance it. Storage faults leave the slot held and are returned joined
-// with any loss.
-func (s *Slots) Renew(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	row := leaseRow{Holder: s.runID, UntilMS: s.o.nowMS() + s.o.ttl.Milliseconds()}.encode()
-	var lost []string
-	var errs []error
+// trustEnd returns when h stops being trusted, by the monotonic clock.
+func (s *Slots) trustEnd(h *heldSlot, now time.Time, nowMS int64) time.Time {
+	left := time.Duration(h.untilMS-nowMS)*time.Millisecond - s.margin
+	return earliest(h.trustFrom.Add(s.o.ttl-s.margin), now.Add(left))
+}
+
+// expireLocked gives up the slots whose trust window has run out. s.mu is
+// held.
+func (s *Slots) expireLocked(now time.Time) {
+	nowMS := s.o.nowMS()
 	kept := s.held[:0]
 	for _, h := range s.held {
-		ok, err := casResolved(ctx, s.store, h.key, &h.seen, row)
-		switch {
-		case err != nil:
-			errs = append(errs, err)
-		case !ok:
-			lost = append(lost, h.key)
-			continue
-		default:
-			h.seen = row
+		if now.Before(s.trustEnd(h, now, nowMS)) {
+			kept = append(kept, h)
+		} else {
+			s.lostLocked(h.key, ErrTrustExpired)
 		}
-		kept = append(kept, h)
 	}
+	clear(s.held[len(kept):])
 	s.held = kept
-	if len(lost) > 0 {
-		errs = append(errs, &SlotLostError{RunID: s.runID, Keys: lost})
+}
+
+// lostLocked records the loss of the slot at key. s.mu is held.
+func (s *Slots) lostLocked(key string, cause error) {
+	if len(s.losses) == 0 || s.cause == cause {
+		s.losses, s.cause = append(s.losses, key), cause
+		return
+	}
+	s.losses = append(s.losses, key) // mixed causes: taken over wins
+	s.cause = ErrTakenOver
+}
+
+// takeLosses returns the slots lost since it was last called, as one
+// error, or nil when none were.
+func (s *Slots) takeLosses(now time.Time) *SlotLostError {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expireLocked(now)
+	if len(s.losses) == 0 {
+		return nil
+	}
+	e := &SlotLostError{RunID: s.runID, Keys: s.losses, Cause: s.cause}
+	s.losses, s.cause = nil, nil
+	return e
+}
+
+// keptState returns, for a Keeper, when the least recently renewed slot was
+// renewed, when the first trust window ends, and whether any slot is held.
+func (s *Slots) keptState(now time.Time) (renewedAt, trustEnd time.Time, any bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	nowMS := s.o.nowMS()
+	for i, h := range s.held {
+		end := s.trustEnd(h, now, nowMS)
+		if i == 0 || h.trustFrom.Before(renewedAt) {
+			renewedAt = h.trustFrom
+		}
+		if i == 0 || end.Before(trustEnd) {
+			trustEnd = end
+		}
+	}
+	return renewedAt, trustEnd, len(s.held) > 0
+}
+
+// Renew extends every held slot to now plus the TTL. A slot that another run
+// has taken since (after this run stalled past the TTL), or whose trust
+// window ran out, is dropped from the set and reported in a
+// [*SlotLostError]; the other slots are still renewed. A lost slot need not
+// stop the run: the lease is the authority on who may advance it. A storage
+// fault leaves its slot held and is returned joined with any loss; as for a
+// lease, a row of the run's own found in place of the one expected (a write
+// whose reply was lost) is adopted, never reported as a loss.
+func (s *Slots) Renew(ctx context.Context) error {
+	err := s.renewKept(ctx)
+	if lost := s.takeLosses(time.Now()); lost != nil {
+		return errors.Join(err, lost)
+	}
+	return err
+}
+
+// renewKept renews every held slot, recording losses for takeLosses, and
+// returns the faults met.
+func (s *Slots) renewKept(ctx context.Context) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.unlock()
+	s.mu.Lock()
+	s.expireLocked(time.Now())
+	held := slices.Clone(s.held)
+	s.mu.Unlock()
+	var errs []error
+	for _, h := range held {
+		if err := s.renewOne(ctx, h); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }
 
-// Release gives every held slot back, so a waiting run can start at once.
-// Each delete is conditional on the row this run last wrote: a slot another
-// run has taken since is left to it. Release is idempotent; on a storage
-// fault the slots not yet released stay held and Release may be retried.
-func (s *Slots) Release(ctx context.Context) error {
+func (s *Slots) lock(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return &StorageError{Op: "MetaCAS", Err: err}
+	}
+	select {
+	case s.token <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return &StorageError{Op: "MetaCAS", Err: ctx.Err()}
+	}
+}
+
+func (s *Slots) unlock() { <-s.token }
+
+// renewOne renews h, with the write token held.
+func (s *Slots) renewOne(ctx context.Context, h *heldSlot) error {
+	for adopted := 0; ; adopted++ {
+		s.mu.Lock()
+		seen := h.seen
+		start := time.Now()
+		untilMS := stampMS(s.o.now(), s.o.ttl, h.sentMS)
+		h.sentMS = untilMS
+		s.mu.Unlock()
+		next := leaseRow{Holder: s.runID, UntilMS: untilMS}.encode()
+		ok, err := s.store.MetaCAS(ctx, h.key, &seen, next)
+		if err != nil && !IsOutcomeUnknown(err) {
+			return err
+		}
+		if err == nil && ok {
+			s.confirm(h, next, untilMS, start)
+			return nil
+		}
+		cur, found, rerr := s.store.MetaGet(ctx, h.key)
+		switch {
+		case rerr != nil && err != nil:
+			return err
+		case rerr != nil:
+			return rerr
+		case found && cur == next:
+			s.confirm(h, next, untilMS, start)
+			return nil
+		case err != nil && found && cur == seen:
+			return err // not applied, or not yet
+		}
+		if row, derr := decodeRow(cur); found && derr == nil && row.Holder == s.runID && adopted < maxAdopt {
+			s.mu.Lock()
+			h.seen = cur // an earlier write of this run's own landed
+			s.mu.Unlock()
+			continue
+		}
+		s.drop(h, ErrTakenOver)
+		return nil
+	}
+}
+
+func (s *Slots) confirm(h *heldSlot, next string, untilMS int64, start time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var errs []error
-	kept := s.held[:0]
-	for _, h := range s.held {
-		if _, err := deleteResolved(ctx, s.store, h.key, h.seen); err != nil {
-			errs = append(errs, err)
-			kept = append(kept, h)
-		}
+	h.seen, h.untilMS, h.trustFrom = next, untilMS, start
+}
+
+// drop gives h up as lost with cause.
+func (s *Slots) drop(h *heldSlot, cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i := slices.Index(s.held, h); i >= 0 {
+		s.held = slices.Delete(s.held, i, i+1)
+		s.lostLocked(h.key, cause)
 	}
-	s.held = kept
+}
+
+// Release gives every held slot back, so a waiting run can start at once.
+// Each delete is conditional on the row this run last wrote (or a row of
+// its own found in its place): a slot another run has taken since is left
+// to it. Release is idempotent; on a storage fault the slots not yet
+// released stay held and Release may be retried. It waits for a write of
+// the slots in flight, or for ctx.
+func (s *Slots) Release(ctx context.Context) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.unlock()
+	s.mu.Lock()
+	held := slices.Clone(s.held)
+	s.mu.Unlock()
+	var errs []error
+	for _, h := range held {
+		if err := s.releaseOne(ctx, h); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s.mu.Lock()
+		if i := slices.Index(s.held, h); i >= 0 {
+			s.held = slices.Delete(s.held, i, i+1)
+		}
+		s.mu.Unlock()
+	}
 	return errors.Join(errs...)
+}
+
+// releaseOne deletes h's row if it is still the run's own.
+func (s *Slots) releaseOne(ctx context.Context, h *heldSlot) error {
+	s.mu.Lock()
+	seen := h.seen
+	s.mu.Unlock()
+	for adopted := 0; ; adopted++ {
+		ok, err := s.store.MetaDelete(ctx, h.key, seen)
+		if err != nil && !IsOutcomeUnknown(err) {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		cur, found, rerr := s.store.MetaGet(ctx, h.key)
+		switch {
+		case rerr != nil && err != nil:
+			return err
+		case rerr != nil:
+			return rerr
+		case !found:
+			return nil
+		case err != nil && cur == seen:
+			return err
+		}
+		if row, derr := decodeRow(cur); derr != nil || row.Holder != s.runID || adopted == maxAdopt {
+			return nil // another run's now: leave it
+		}
+		seen = cur
+	}
 }
 
 // parseSlotKey splits a slot row's key into scope and number. The number is
@@ -198,11 +411,11 @@ func parseSlotKey(key string) (scope string, slot int, ok bool) {
 
 // Occupancy lists the live slots of every scope in the store, in key order,
 // for status surfaces: which run holds which slot until when. Rows that do
-// not parse are listed with Corrupt set, because they block their slot. Only
-// the [WithClock] option matters to Occupancy: it judges which slots are
+// not parse are listed with Corrupt set, because they block their slot.
+// Occupancy takes one option, [WithClock], which judges which slots are
 // live.
 func Occupancy(ctx context.Context, store Store, opts ...Option) ([]SlotInfo, error) {
-	o, err := buildOptions(store, opts)
+	o, err := buildOptions(store, opts, optsRead, "Occupancy")
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 )
 
 // ClaimSlots claims one slot in each scope for runID, all or nothing, or
@@ -26,7 +27,7 @@ import (
 // slots after acquiring the run's lease, with the same TTL, so that a
 // [Keeper] keeping both never trusts the lease longer than the slots.
 func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, opts ...Option) (*Slots, error) {
-	o, err := buildOptions(store, opts)
+	o, err := buildOptions(store, opts, optsClaim, "ClaimSlots")
 	if err != nil {
 		return nil, err
 	}
@@ -43,28 +44,43 @@ func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, 
 		}
 		seen[sc.name] = true
 	}
-	s := &Slots{store: store, runID: runID, o: o}
-	// Read every scope before writing anything, so that a scope at its
-	// limit refuses the claim without a single write.
-	plans := make([][]slotCandidate, len(scopes))
-	for i, sc := range scopes {
-		if plans[i], err = s.plan(ctx, sc); err != nil {
-			return nil, err
-		}
-	}
-	row := leaseRow{Holder: runID, UntilMS: o.nowMS() + o.ttl.Milliseconds()}.encode()
+	s := newSlots(store, runID, o)
 	if b, ok := store.(Batcher); ok && len(scopes) > 0 {
-		if err := s.claimBatch(ctx, b, scopes, plans, row); err != nil {
+		if err := s.claimBatch(ctx, b, scopes); err != nil {
 			return nil, err
 		}
 		return s, nil
 	}
+	// Read every scope before writing anything, so that a scope at its
+	// limit refuses the claim without a single write.
+	plans, err := s.planAll(ctx, scopes)
+	if err != nil {
+		return nil, err
+	}
 	for i, sc := range scopes {
-		if err := s.claimOne(ctx, sc, plans[i], row); err != nil {
+		if err := s.claimOne(ctx, sc, plans[i]); err != nil {
 			return nil, errors.Join(err, s.rollback(ctx))
 		}
 	}
 	return s, nil
+}
+
+// planAll plans a claim in every scope.
+func (s *Slots) planAll(ctx context.Context, scopes []Scope) ([][]slotCandidate, error) {
+	plans := make([][]slotCandidate, len(scopes))
+	for i, sc := range scopes {
+		var err error
+		if plans[i], err = s.plan(ctx, sc); err != nil {
+			return nil, err
+		}
+	}
+	return plans, nil
+}
+
+// claimRow returns the row a claim writes now, and its until_ms.
+func (s *Slots) claimRow() (string, int64) {
+	untilMS := stampMS(s.o.now(), s.o.ttl, 0)
+	return leaseRow{Holder: s.runID, UntilMS: untilMS}.encode(), untilMS
 }
 
 // claimBatchTries bounds how often a batched claim that lost a race to
@@ -73,33 +89,42 @@ const claimBatchTries = 8
 
 // claimBatch writes one slot of every scope in one atomic batch, conditional
 // on each slot still being as the scan found it, so that a claim refused in
-// any scope never writes anything, not even briefly. A lost race reads the
-// scopes again and retries.
-func (s *Slots) claimBatch(ctx context.Context, b Batcher, scopes []Scope, plans [][]slotCandidate, row string) error {
+// any scope never writes anything, not even briefly. A lost race, or a fault
+// that a retry is expected to clear and that changed nothing, reads the
+// scopes again and retries (the latter until ctx ends): on a store that
+// works, a claim is won or refused.
+func (s *Slots) claimBatch(ctx context.Context, b Batcher, scopes []Scope) error {
 	for try := 0; ; try++ {
+		plans, err := s.planAll(ctx, scopes)
+		if err != nil {
+			return err
+		}
 		conds := make([]Cond, len(scopes))
 		ops := make([]Op, len(scopes))
-		held := make([]heldSlot, len(scopes))
+		held := make([]*heldSlot, len(scopes))
+		start := time.Now()
+		row, untilMS := s.claimRow()
 		for i, sc := range scopes {
 			c := plans[i][0]
 			key := sc.prefix() + strconv.Itoa(c.slot)
 			conds[i], ops[i] = Cond{Key: key, Value: c.expected}, Put(key, row)
-			held[i] = heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row, prev: c.expected}
+			held[i] = &heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row,
+				untilMS: untilMS, sentMS: untilMS, trustFrom: start, prev: c.expected}
 		}
 		ok, err := batchResolved(ctx, b, s.store, conds, ops)
-		if err != nil || ok {
-			if ok {
-				s.held = held
+		var se *StorageError
+		switch {
+		case ok:
+			s.held = held
+			return nil
+		case err != nil && errors.As(err, &se) && se.Retryable && !se.Unknown && ctx.Err() == nil:
+			if err := sleepCtx(ctx, jitter(time.Duration(min(try+1, 50))*time.Millisecond)); err != nil {
+				return &StorageError{Op: "MetaBatch", Err: err}
 			}
+		case err != nil:
 			return err
-		}
-		if try == claimBatchTries-1 {
+		case try >= claimBatchTries-1:
 			return &ConcurrencyLimitError{Scope: scopes[0].name, Limit: scopes[0].limit}
-		}
-		for i, sc := range scopes {
-			if plans[i], err = s.plan(ctx, sc); err != nil {
-				return err
-			}
 		}
 	}
 }
@@ -134,7 +159,9 @@ func (s *Slots) plan(ctx context.Context, sc Scope) ([]slotCandidate, error) {
 			return nil, corruptRow(r.Key, r.Value, err)
 		}
 		taken[slot] = r.Value
-		if row.Holder == s.runID && slot < sc.limit {
+		// The run's own row counts as held only while live: an expired one
+		// is a free slot like any other, or the limit would not hold.
+		if row.Holder == s.runID && slot < sc.limit && row.live(now) {
 			own = append(own, slotCandidate{slot, &r.Value})
 		} else if row.live(now) {
 			live++
@@ -154,7 +181,7 @@ func (s *Slots) plan(ctx context.Context, sc Scope) ([]slotCandidate, error) {
 		raw, ok := taken[k]
 		if !ok {
 			out = append(out, slotCandidate{slot: k})
-		} else if row, _ := decodeRow(raw); !row.live(now) && row.Holder != s.runID {
+		} else if row, _ := decodeRow(raw); !row.live(now) {
 			out = append(out, slotCandidate{k, &raw})
 		}
 	}
@@ -179,15 +206,18 @@ func (s *Slots) reportLimitMismatch(sc Scope, live, above int) {
 }
 
 // claimOne writes the first candidate slot it can win.
-func (s *Slots) claimOne(ctx context.Context, sc Scope, cands []slotCandidate, row string) error {
+func (s *Slots) claimOne(ctx context.Context, sc Scope, cands []slotCandidate) error {
 	for _, c := range cands {
 		key := sc.prefix() + strconv.Itoa(c.slot)
+		start := time.Now()
+		row, untilMS := s.claimRow()
 		ok, err := casResolved(ctx, s.store, key, c.expected, row)
 		if err != nil {
 			return err
 		}
 		if ok {
-			s.held = append(s.held, heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row, prev: c.expected})
+			s.held = append(s.held, &heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row,
+				untilMS: untilMS, sentMS: untilMS, trustFrom: start, prev: c.expected})
 			return nil
 		}
 		// Another claimant took this slot between the scan and the write.

@@ -27,11 +27,15 @@ type Notifier interface {
 // sooner; [WithWaitPoll] changes it.
 const DefaultWaitPoll = time.Second
 
+// MinWaitPoll is the shortest interval [WithWaitPoll] accepts: shorter ones
+// would only load the store.
+const MinWaitPoll = 10 * time.Millisecond
+
 // WithWaitPoll sets how often [AcquireWait] retries a busy lease when no
-// notification wakes it sooner (and no expiry is due sooner). It must be
-// positive.
+// notification wakes it sooner (and no expiry is due sooner). It must be at
+// least [MinWaitPoll].
 func WithWaitPoll(d time.Duration) Option {
-	return func(o *options) { o.poll = d }
+	return func(o *options) { o.poll, o.set = d, o.set|optPoll }
 }
 
 // AcquireWait is [Acquire] that waits while another holder has the lease:
@@ -40,15 +44,18 @@ func WithWaitPoll(d time.Duration) Option {
 // interval, with jitter so that many waiters do not retry in step.
 //
 // It returns the lease, or the first error other than a live lease held
-// elsewhere, or — when ctx ends first — ctx's error itself (not a library
-// error). It takes the options of Acquire, and WithWaitPoll.
+// elsewhere, or — when ctx ends first, even during a store call — ctx's
+// error itself (not a library error). An acquisition whose outcome the end
+// of ctx left unknown may have written a row for holder: it expires after
+// the TTL, and AcquireWait or Acquire by the same holder re-enters it. It
+// takes the options of Acquire, and WithWaitPoll.
 func AcquireWait(ctx context.Context, store Store, runID, holder string, opts ...Option) (*Lease, error) {
-	o, err := buildOptions(store, opts)
+	o, err := buildOptions(store, opts, optsWait, "AcquireWait")
 	if err != nil {
 		return nil, err
 	}
-	if o.poll <= 0 {
-		return nil, invalidArg("poll", "%v is not positive", o.poll)
+	if o.poll < MinWaitPoll {
+		return nil, invalidArg("poll", "%v is shorter than %v", o.poll, MinWaitPoll)
 	}
 	var wake <-chan struct{}
 	if n, ok := store.(Notifier); ok {
@@ -61,13 +68,18 @@ func AcquireWait(ctx context.Context, store Store, runID, holder string, opts ..
 		// than try to create it, so a woken waiter takes over in two round
 		// trips.
 		l, err := acquireWith(ctx, store, runID, holder, o, tryCreate)
+		if err != nil && ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		var lost *LeaseLostError
 		if !errors.As(err, &lost) || !errors.Is(err, ErrTakenOver) {
 			return l, err
 		}
 		wait := jitter(o.poll)
-		if untilExpiry := lost.Until.Sub(o.now()) + time.Millisecond; untilExpiry < wait {
-			wait = max(untilExpiry, time.Millisecond)
+		// Until may be centuries away: compare before adding, so that the
+		// sum cannot overflow into a short wait.
+		if untilExpiry := lost.Until.Sub(o.now()); untilExpiry < wait {
+			wait = max(untilExpiry+time.Millisecond, time.Millisecond)
 		}
 		if err := sleepOrWake(ctx, wait, wake); err != nil {
 			return nil, err

@@ -1,0 +1,304 @@
+package runlease
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// writeKind says what a conditional write of the lease row does.
+type writeKind int
+
+const (
+	kindRenew   writeKind = iota // extend the row
+	kindWrite                    // extend the row and apply the caller's ops
+	kindRelease                  // write a released tombstone
+)
+
+// maxAdopt bounds how often one call adopts a row of this lease's own that
+// it found in place of the row it expected, and tries again. Each adoption
+// means an earlier write of this lease landed after all; more in a row than
+// this means the store is misbehaving.
+const maxAdopt = 4
+
+// Renew extends the lease to now plus its TTL, keeping the fence.
+//
+// Renew fails with a [*LeaseLostError] (matching [ErrLeaseLost]) once anyone
+// else has written the row — taken over after this driver stalled past its
+// TTL, or released — and from then on every call fails the same way without
+// touching the store: that is the moment the driver must stop advancing the
+// run. A storage fault is returned as is and leaves the lease as it was, so
+// Renew may be retried. A fault is never reported as a loss: when a write's
+// outcome is unknown, or the row is not the one expected, Renew reads it back,
+// and a row of this lease's own (this holder at this fence: an earlier write
+// whose reply was lost) is adopted and written over.
+//
+// When ctx ends, Renew returns a fault matching ctx's error, or, when ctx is
+// a [Keeper]'s work context that ended with the keeper, the keeper's cause.
+func (l *Lease) Renew(ctx context.Context) error {
+	return l.update(ctx, kindRenew, nil)
+}
+
+// Release gives the lease up, so the next driver can start at once rather
+// than after the TTL. The row is kept as a released tombstone with the same
+// fence, so the next acquisition continues above it, and the lease's
+// keepers end with [ErrReleased].
+//
+// Release is conditional on the row this lease last wrote: a driver whose
+// lease was taken over leaves the new holder's lease untouched and gets a
+// [*LeaseLostError]. Releasing a released lease (by this holder or by an
+// operator) does nothing and succeeds. On a storage fault the lease is
+// unchanged and Release may be retried; a lease that is never released
+// expires after its TTL.
+func (l *Lease) Release(ctx context.Context) error {
+	if l.isReleased() {
+		return nil
+	}
+	return l.update(ctx, kindRelease, nil)
+}
+
+func (l *Lease) isReleased() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.released
+}
+
+// update runs one conditional write of the lease row, with the lease's
+// write token held for its whole duration.
+func (l *Lease) update(ctx context.Context, kind writeKind, extra []Op) error {
+	if err := l.lock(ctx); err != nil {
+		return err
+	}
+	defer l.unlock()
+	return l.updateLocked(ctx, kind, extra)
+}
+
+// lock takes the lease's write token, or returns when ctx ends.
+func (l *Lease) lock(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return l.ctxError(ctx, nil)
+	}
+	select {
+	case l.token <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return l.ctxError(ctx, nil)
+	}
+}
+
+// tryLock takes the write token if no write is in flight.
+func (l *Lease) tryLock() bool {
+	select {
+	case l.token <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (l *Lease) unlock() { <-l.token }
+
+// ctxError is the error of a call whose context ended. A context that a
+// Keeper cancelled carries the keeper's reason as its cause, and that reason
+// is what the caller must see (a retry loop would otherwise spin on a
+// "context canceled" fault); fault, when not nil, is the storage error the
+// call met, kept reachable because its outcome may be unknown. Any other
+// context's end is a fault that changed nothing, matching ctx's error.
+func (l *Lease) ctxError(ctx context.Context, fault error) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	if cause := context.Cause(ctx); errorsIsAny(cause, ErrLeaseLost, ErrKeeperStopped, ErrSlotLost) {
+		if fault != nil && IsOutcomeUnknown(fault) {
+			return fmt.Errorf("%w (%w)", cause, fault)
+		}
+		return cause
+	}
+	if fault != nil {
+		return fault
+	}
+	return &StorageError{Op: "MetaCAS", Key: l.key, Err: ctx.Err()}
+}
+
+// fault returns err, a storage fault of a call on ctx, as the caller must
+// see it.
+func (l *Lease) fault(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return l.ctxError(ctx, err)
+	}
+	return err
+}
+
+// updateLocked is update with the write token held.
+func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra []Op) error {
+	for adopted := 0; ; adopted++ {
+		l.mu.Lock()
+		if l.lost != nil {
+			err, released := l.lost, l.released
+			l.mu.Unlock()
+			if kind == kindRelease && released {
+				return nil
+			}
+			return err
+		}
+		seen := l.seen
+		start := time.Now()
+		next, untilMS := l.nextRowLocked(kind)
+		l.mu.Unlock()
+
+		ok, err := l.condWrite(ctx, kind, seen, next, extra)
+		if err == nil && ok {
+			l.confirm(kind, next, untilMS, start)
+			return nil
+		}
+		if err != nil && !IsOutcomeUnknown(err) {
+			return l.fault(ctx, err) // certainly not applied
+		}
+		cur, found, rerr := l.store.MetaGet(ctx, l.key)
+		switch {
+		case rerr != nil && err != nil:
+			return l.fault(ctx, err)
+		case rerr != nil:
+			return l.fault(ctx, rerr)
+		case found && cur == next:
+			l.confirm(kind, next, untilMS, start)
+			return nil
+		case err != nil && found && cur == seen:
+			// Not applied yet. It may still land, while the row is seen:
+			// the next call then finds it, as a row of this lease's own.
+			return l.fault(ctx, err)
+		}
+		if !found {
+			return l.lose(&LeaseLostError{RunID: l.runID, Cause: ErrRowChanged, Err: err})
+		}
+		row, derr := decodeRow(cur)
+		switch {
+		case derr == nil && l.ownRow(row) && adopted < maxAdopt:
+			// An earlier write of this lease landed after all (its reply
+			// was lost). The write just tried expected seen, so it did not
+			// land and never will: the row has moved on from seen for good.
+			l.mu.Lock()
+			l.seen = cur
+			l.mu.Unlock()
+			continue
+		case derr == nil && kind == kindRelease && row.Holder == "" && row.Fence == l.fence:
+			l.confirm(kind, cur, row.UntilMS, start) // released already
+			return nil
+		}
+		lost := lostFrom(l.runID, row, derr)
+		if kind == kindWrite && err != nil {
+			// The batch may have landed before the successor's write: the
+			// caller's ops are in doubt, never "not written".
+			lost.Err = err
+		}
+		return l.lose(lost)
+	}
+}
+
+// ownRow reports whether row is one this lease wrote: the lease's holder at
+// its fence. No one else writes that pair: another acquisition by the same
+// holder raises the fence, and a release or takeover changes the holder.
+func (l *Lease) ownRow(row leaseRow) bool {
+	return row.Holder == l.holder && row.Fence == l.fence
+}
+
+// nextRowLocked returns the row a write of kind would write now, and its
+// until_ms, and records that it was sent. l.mu is held.
+func (l *Lease) nextRowLocked(kind writeKind) (string, int64) {
+	if kind == kindRelease {
+		return leaseRow{Fence: l.fence, UntilMS: l.o.nowMS()}.encode(), 0
+	}
+	untilMS := stampMS(l.o.now(), l.o.ttl, l.sentMS)
+	l.sentMS = untilMS
+	return leaseRow{Holder: l.holder, Fence: l.fence, UntilMS: untilMS}.encode(), untilMS
+}
+
+// condWrite writes next over seen, with the extra ops in the same atomic
+// batch for kindWrite, waking the run's waiters for kindRelease when the
+// store can.
+func (l *Lease) condWrite(ctx context.Context, kind writeKind, seen, next string, extra []Op) (bool, error) {
+	switch kind {
+	case kindRelease:
+		if n, ok := l.store.(Notifier); ok {
+			return n.MetaCASNotify(ctx, l.key, &seen, next)
+		}
+	case kindWrite:
+		ops := append([]Op{Put(l.key, next)}, extra...)
+		return l.store.(Batcher).MetaBatch(ctx, []Cond{IfEquals(l.key, seen)}, ops)
+	}
+	return l.store.MetaCAS(ctx, l.key, &seen, next)
+}
+
+// confirm records a write of kind that landed: row next, stamped untilMS,
+// whose attempt started at start.
+func (l *Lease) confirm(kind writeKind, next string, untilMS int64, start time.Time) {
+	if kind == kindRelease {
+		l.lose(&LeaseLostError{RunID: l.runID, Cause: ErrReleased, Fence: l.fence}, next)
+		return
+	}
+	l.mu.Lock()
+	l.seen, l.untilMS, l.trustFrom = next, untilMS, start
+	l.mu.Unlock()
+}
+
+// lose records that the lease is lost, unless it was already, ends its
+// keepers with the reason, and returns the error every later call gets.
+// tombstone, when not empty, is this lease's own release that landed.
+func (l *Lease) lose(lost *LeaseLostError, tombstone ...string) error {
+	l.mu.Lock()
+	if l.lost != nil {
+		err := l.lost
+		l.mu.Unlock()
+		return err
+	}
+	l.lost = lost
+	if len(tombstone) > 0 {
+		l.released, l.seen = true, tombstone[0]
+	}
+	keepers := l.keepers
+	l.keepers = nil
+	l.mu.Unlock()
+	for _, k := range keepers {
+		k.r.end(k, lost)
+	}
+	return lost
+}
+
+// addKeeper registers k to be ended when the lease is lost. It returns the
+// loss instead when the lease is lost already.
+func (l *Lease) addKeeper(k *Keeper) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost != nil {
+		return l.lost
+	}
+	l.keepers = append(l.keepers, k)
+	return nil
+}
+
+// removeKeeper forgets k.
+func (l *Lease) removeKeeper(k *Keeper) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, kk := range l.keepers {
+		if kk == k {
+			l.keepers = append(l.keepers[:i], l.keepers[i+1:]...)
+			return
+		}
+	}
+}
+
+// lostFrom describes a lease found lost with row stored (derr: it does not
+// parse).
+func lostFrom(runID string, row leaseRow, derr error) *LeaseLostError {
+	e := &LeaseLostError{RunID: runID, Cause: ErrRowChanged}
+	if derr != nil {
+		return e
+	}
+	e.Holder, e.Fence, e.Until = row.Holder, row.Fence, row.until()
+	e.Cause = ErrTakenOver
+	if row.Holder == "" {
+		e.Cause = ErrReleased
+	}
+	return e
+}
