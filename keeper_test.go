@@ -99,6 +99,9 @@ func TestKeeper(t *testing.T) {
 			require.NoError(t, err)
 			k, err := runlease.Keep(t.Context(), l, runlease.WithHooks(ev.hooks()))
 			require.NoError(t, err)
+			// Taken before the loss, as a driver takes it: the context must
+			// be cancelled by the loss, not merely created cancelled.
+			work := k.Context()
 
 			// Another writer replaces the row, as a takeover after a pause would.
 			cur := get(t, s, "runlease:r1")
@@ -106,6 +109,7 @@ func TestKeeper(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, ok)
 
+			<-work.Done()
 			<-k.Done()
 			err = k.Err()
 			require.ErrorIs(t, err, runlease.ErrLeaseLost)
@@ -114,6 +118,7 @@ func TestKeeper(t *testing.T) {
 			require.ErrorAs(t, err, &lost)
 			assert.Equal(t, "B", lost.Holder)
 			assert.Equal(t, uint64(9), lost.Fence)
+			assert.Equal(t, err, context.Cause(work))
 			assert.Equal(t, err, context.Cause(k.Context()))
 			synctest.Wait()
 			_, _, nlost := ev.counts()

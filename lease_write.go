@@ -181,9 +181,18 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra []Op) er
 			l.seen = cur
 			l.mu.Unlock()
 			continue
-		case derr == nil && kind == kindRelease && row.Holder == "" && row.Fence == l.fence:
-			l.confirm(kind, cur, row.UntilMS, start) // released already
-			return nil
+		case derr == nil && row.Holder == "" && row.Fence == l.fence:
+			// Released at this lease's fence: by this lease (a release whose
+			// reply was lost) or by an operator. Releasing again succeeds.
+			released := &LeaseLostError{RunID: l.runID, Cause: ErrReleased, Fence: l.fence}
+			if kind == kindWrite && err != nil {
+				released.Err = err // the batch may have landed before the release
+			}
+			lost := l.lose(released, cur)
+			if kind == kindRelease {
+				return nil
+			}
+			return lost
 		}
 		lost := lostFrom(l.runID, row, derr)
 		if kind == kindWrite && err != nil {

@@ -4,6 +4,7 @@ package testkit
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,6 +92,45 @@ type Faulty struct {
 	faults []Fault // consumed by writes in order; when empty, writes pass through
 	reads  int     // how many of the next reads fail
 	down   bool    // every call fails
+	hang   *string // writes of keys with this prefix block until their context ends
+	fail   *string // writes of keys with this prefix fail, not applied
+}
+
+// HangWrites makes every write of a key starting with prefix (a batch: of
+// any of its ops' keys) block until its context ends, and then fail with an
+// unknown outcome, as a store that stopped answering after the request was
+// sent does. A nil prefix ends it.
+func (f *Faulty) HangWrites(prefix *string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hang = prefix
+}
+
+// FailWrites makes every write of a key starting with prefix fail without
+// effect, as a store refusing them does. A nil prefix ends it.
+func (f *Faulty) FailWrites(prefix *string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fail = prefix
+}
+
+// Prefix returns a pointer to p, for HangWrites and FailWrites.
+func Prefix(p string) *string { return &p }
+
+// intercept applies HangWrites and FailWrites to a write of key. It returns
+// the error the write must fail with, or nil to go on.
+func (f *Faulty) intercept(ctx context.Context, op, key string) error {
+	f.mu.Lock()
+	hang, fail := f.hang, f.fail
+	f.mu.Unlock()
+	switch {
+	case fail != nil && strings.HasPrefix(key, *fail):
+		return NotApplied(op)
+	case hang != nil && strings.HasPrefix(key, *hang):
+		<-ctx.Done()
+		return &runlease.StorageError{Op: op, Key: key, Unknown: true, Err: ctx.Err()}
+	}
+	return nil
 }
 
 // SetDown makes every call fail, as an unreachable store does: writes with
@@ -175,15 +215,24 @@ func (f *Faulty) MetaCAS(ctx context.Context, key string, expected *string, valu
 	if f.isDown() {
 		return false, Unknown("MetaCAS")
 	}
+	if err := f.intercept(ctx, "MetaCAS", key); err != nil {
+		return false, err
+	}
 	ft, ok := f.next()
 	if !ok {
 		return f.Store.MetaCAS(ctx, key, expected, value)
+	}
+	if ft.Then != nil && !ft.Apply {
+		ft.Then() // another writer moves first
 	}
 	swapped := false
 	if ft.Apply {
 		var err error
 		if swapped, err = f.Store.MetaCAS(ctx, key, expected, value); err != nil {
 			return false, err
+		}
+		if ft.Then != nil {
+			ft.Then()
 		}
 	}
 	if ft.Err != nil {
@@ -195,6 +244,9 @@ func (f *Faulty) MetaCAS(ctx context.Context, key string, expected *string, valu
 func (f *Faulty) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
 	if f.isDown() {
 		return false, Unknown("MetaDelete")
+	}
+	if err := f.intercept(ctx, "MetaDelete", key); err != nil {
+		return false, err
 	}
 	ft, ok := f.next()
 	if !ok {
@@ -220,6 +272,11 @@ func (f *Faulty) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []run
 	if f.isDown() {
 		return false, Unknown("MetaBatch")
 	}
+	for _, op := range ops {
+		if err := f.intercept(ctx, "MetaBatch", op.Key); err != nil {
+			return false, err
+		}
+	}
 	ft, ok := f.next()
 	if !ok {
 		return b.MetaBatch(ctx, conds, ops)
@@ -238,6 +295,34 @@ func (f *Faulty) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []run
 		return false, ft.Err
 	}
 	return applied, nil
+}
+
+// FaultyMulti is a Faulty store that also renews many leases at once, as a
+// runlease.MultiCASer, passing the calls to the wrapped store (which must be
+// one). A call fails as a whole when the store is down, or when HangWrites
+// or FailWrites matches the key of any of its writes; it consumes no queued
+// fault.
+type FaultyMulti struct {
+	*Faulty
+}
+
+// MetaCASMany implements runlease.MultiCASer.
+func (f FaultyMulti) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]bool, error) {
+	if f.isDown() {
+		return nil, Unknown("MetaCASMany")
+	}
+	for _, w := range writes {
+		if err := f.intercept(ctx, "MetaCASMany", w.Key); err != nil {
+			return nil, err
+		}
+	}
+	return f.Store.(runlease.MultiCASer).MetaCASMany(ctx, writes)
+}
+
+// PlainStore hides every optional capability of a Store: it is a Store and
+// nothing more, for testing the paths taken on stores without batches.
+type PlainStore struct {
+	runlease.Store
 }
 
 // CountingBatcher is a Counting store that also passes batches through to a

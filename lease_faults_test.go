@@ -1,0 +1,206 @@
+package runlease_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
+)
+
+// TestLeaseFaultsAreNeverLossesNorLossesSuccesses holds the regression
+// cases of the lease's unknown-outcome rules (CONCURRENCY.md, rules 5 and
+// 6): a fault is never reported as a loss, a loss never as success, and a
+// write that did not land is never reported as landed.
+func TestLeaseFaultsAreNeverLossesNorLossesSuccesses(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	// Every subtest runs on a clock that does not move, so the rows of
+	// two writes would have the same until_ms if nothing kept them apart.
+	setupClock := func(t *testing.T) (*testkit.Faulty, *runlease.Lease, *testkit.Clock) {
+		t.Helper()
+		f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+		l, err := runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		return f, l, clk
+	}
+	setup := func(t *testing.T) (*testkit.Faulty, *runlease.Lease) {
+		f, l, _ := setupClock(t)
+		return f, l
+	}
+
+	t.Run("every_row_a_lease_writes_differs_from_the_ones_before", func(t *testing.T) {
+		t.Parallel()
+		f, l := setup(t)
+		seen := map[string]bool{get(t, f, "runlease:r1"): true}
+		for i := range 20 {
+			require.NoError(t, l.Renew(ctx))
+			row := get(t, f, "runlease:r1")
+			require.False(t, seen[row], "renewal %d wrote a row it had written before: %s", i, row)
+			seen[row] = true
+		}
+	})
+
+	t.Run("a_fenced_write_that_did_not_land_in_the_same_millisecond_is_not_success", func(t *testing.T) {
+		t.Parallel()
+		f, l := setup(t)
+		f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaBatch")})
+		err := l.Write(ctx, runlease.Put("ckpt:r1", "1"))
+		require.ErrorIs(t, err, runlease.ErrOutcomeUnknown, "the batch did not land: never reported as landed")
+		require.NotErrorIs(t, err, runlease.ErrLeaseLost)
+		_, found, err := f.MetaGet(ctx, "ckpt:r1")
+		require.NoError(t, err)
+		require.False(t, found)
+	})
+
+	t.Run("a_fenced_write_after_a_lost_renewal_reply_is_not_a_loss", func(t *testing.T) {
+		t.Parallel()
+		f, l := setup(t)
+		f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+		f.FailReads(1)
+		require.ErrorIs(t, l.Renew(ctx), runlease.ErrOutcomeUnknown, "landed, but neither reply nor read-back came")
+		f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaBatch")})
+		require.NoError(t, l.Write(ctx, runlease.Put("ckpt:r1", "1")),
+			"the row read back is this lease's own: the batch did not land, so it is sent again")
+		assert.Equal(t, "1", get(t, f, "ckpt:r1"))
+		require.NoError(t, l.Renew(ctx))
+	})
+
+	t.Run("a_renewal_whose_read_back_fails_is_a_fault_not_a_loss", func(t *testing.T) {
+		t.Parallel()
+		f, l := setup(t)
+		f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+		f.FailReads(1)
+		require.ErrorIs(t, l.Renew(ctx), runlease.ErrOutcomeUnknown)
+		f.FailReads(1) // the next renewal finds the row changed, and cannot read it
+		err := l.Renew(ctx)
+		require.ErrorIs(t, err, runlease.ErrStorage)
+		require.NotErrorIs(t, err, runlease.ErrLeaseLost)
+		require.NoError(t, l.Renew(ctx), "and the lease is still held")
+	})
+
+	t.Run("any_number_of_unconfirmed_renewals_is_recognised", func(t *testing.T) {
+		t.Parallel()
+		f, l, clk := setupClock(t)
+		// Twelve renewals whose outcome stays unknown, each read-back
+		// failing too: the first eleven did not apply, the last did.
+		for i := range 12 {
+			clk.Advance(time.Second) // every row differs, as time goes on
+			f.Next(testkit.Fault{Apply: i == 11, Err: testkit.Unknown("MetaCAS")})
+			f.FailReads(1)
+			require.ErrorIs(t, l.Renew(ctx), runlease.ErrOutcomeUnknown)
+		}
+		clk.Advance(time.Second)
+		require.NoError(t, l.Renew(ctx), "the row that landed, the 12th, is this lease's own")
+		require.NoError(t, l.Release(ctx))
+	})
+
+	t.Run("a_release_whose_reply_was_lost_is_not_undone_by_a_renewal", func(t *testing.T) {
+		t.Parallel()
+		f, l := setup(t)
+		f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+		f.FailReads(1)
+		require.ErrorIs(t, l.Release(ctx), runlease.ErrOutcomeUnknown)
+		require.ErrorIs(t, l.Renew(ctx), runlease.ErrReleased, "the tombstone is not a row to renew over")
+		require.NoError(t, l.Release(ctx), "releasing a released lease succeeds")
+		info, err := runlease.Peek(ctx, f, "r1")
+		require.NoError(t, err)
+		assert.True(t, info.Released)
+	})
+
+	t.Run("a_release_retried_after_a_lost_reply_succeeds", func(t *testing.T) {
+		t.Parallel()
+		f, l := setup(t)
+		f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+		f.FailReads(1)
+		require.ErrorIs(t, l.Release(ctx), runlease.ErrOutcomeUnknown)
+		require.NoError(t, l.Release(ctx))
+	})
+}
+
+func TestRowsNeverExpireBeforeTheirAttemptIsTTLOld(t *testing.T) {
+	t.Parallel()
+	// A clock reading with a fraction of a millisecond: rounding down would
+	// make the row expire up to a millisecond early, eating the margin.
+	clk := testkit.NewClock(epoch.Add(400 * time.Microsecond))
+	s := newSQLite(t)
+	l, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	for i := range 3 {
+		row := get(t, s, "runlease:r1")
+		info, err := runlease.Peek(t.Context(), s, "r1")
+		require.NoError(t, err)
+		require.False(t, info.Until.Before(clk.Now().Add(runlease.MinTTL)), "write %d: %s", i, row)
+		clk.Advance(time.Second + 300*time.Microsecond)
+		require.NoError(t, l.Renew(t.Context()))
+	}
+}
+
+func TestAcquireWaitReturnsTheContextsErrorDuringAStoreCall(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		f := &testkit.Faulty{Store: bubbleStore(t)}
+		_, err := runlease.Acquire(t.Context(), f, "r1", "A", runlease.WithTTL(time.Hour))
+		require.NoError(t, err)
+		f.HangWrites(testkit.Prefix(runlease.LeasePrefix))
+		put(t, f.Store, "runlease:r2", `{"holder":"","fence":1,"until_ms":1}`) // a released run
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		l, err := runlease.AcquireWait(ctx, f, "r2", "B")
+		assert.Nil(t, l)
+		require.Equal(t, context.DeadlineExceeded, err, "ctx.Err() itself, not a storage error")
+	})
+}
+
+func TestAcquireWaitDoesNotSpinOnALeaseCenturiesAway(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s := &testkit.Counting{Store: bubbleStore(t)}
+		put(t, s.Store, "runlease:r1", `{"holder":"X","fence":1,"until_ms":`+strconv.FormatInt(1<<62, 10)+`}`)
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		s.Reset()
+		_, err := runlease.AcquireWait(ctx, s, "r1", "B", runlease.WithWaitPoll(time.Second))
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.LessOrEqual(t, s.Total(), int64(30), "about one read per poll, not one per millisecond")
+	})
+}
+
+func TestAcquireRetriesRacesLostOnAFreeRow(t *testing.T) {
+	t.Parallel()
+	inner := newSQLite(t)
+	f := &testkit.Faulty{Store: inner}
+	put(t, inner, "runlease:r1", `{"holder":"","fence":3,"until_ms":1}`)
+	// Ten times in a row another driver releases and re-releases the row
+	// between the read and the write: each race is lost, the row stays free.
+	for i := range 10 {
+		f.Next(testkit.Fault{Apply: false, Then: func() {
+			cur := get(t, inner, "runlease:r1")
+			next := `{"holder":"","fence":` + strconv.Itoa(4+i) + `,"until_ms":1}`
+			ok, err := inner.MetaCAS(t.Context(), "runlease:r1", &cur, next)
+			require.NoError(t, err)
+			require.True(t, ok)
+		}})
+	}
+	l, err := runlease.Acquire(t.Context(), f, "r1", "A")
+	require.NoError(t, err, "a free row is retried, never reported as released")
+	assert.Equal(t, uint64(14), l.Fence())
+}
+
+func TestAcquireRefusalSaysTheRunIsHeldNotLost(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	_, err := runlease.Acquire(t.Context(), s, "r1", "worker-1")
+	require.NoError(t, err)
+	for _, holder := range []string{"worker-10", "worker-", "worker", "worker-1 "} {
+		_, err = runlease.Acquire(t.Context(), s, "r1", holder)
+		require.ErrorIs(t, err, runlease.ErrTakenOver, "holder %q shares a prefix with the live holder", holder)
+		assert.Contains(t, err.Error(), `run "r1" is held by another holder`)
+	}
+}

@@ -1,0 +1,186 @@
+package runlease_test
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
+)
+
+// keptRun acquires run with a 5 s lease, claims one slot of a scope of
+// limit 1 with the same TTL, and keeps both with keep (KeepSlots or
+// KeepSlotsStrict).
+func keptRun(t *testing.T, s runlease.Store, run string, ev *events, keep func(*runlease.Slots) runlease.Option) (*runlease.Keeper, *runlease.Slots) {
+	t.Helper()
+	five := runlease.WithTTL(5 * time.Second)
+	l, err := runlease.Acquire(t.Context(), s, run, "A", five)
+	require.NoError(t, err)
+	sl, err := runlease.ClaimSlots(t.Context(), s, run, []runlease.Scope{runlease.MemScope(1)}, five)
+	require.NoError(t, err)
+	k, err := runlease.Keep(t.Context(), l, keep(sl), runlease.WithHooks(ev.hooks()))
+	require.NoError(t, err)
+	return k, sl
+}
+
+func TestKeptSlots(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a_slot_that_cannot_be_renewed_is_given_up_before_its_row_expires", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := &testkit.Faulty{Store: bubbleStore(t)}
+			ev := &events{}
+			k, sl := keptRun(t, f, "a", ev, runlease.KeepSlots)
+			defer k.Stop()
+			f.FailWrites(testkit.Prefix(runlease.SlotPrefix)) // lease writes go on, slot writes fail
+
+			// Step through time; at every step, at most one run believes it
+			// holds the only slot.
+			var b *runlease.Slots
+			for range 100 {
+				time.Sleep(100 * time.Millisecond)
+				if b == nil {
+					b, _ = runlease.ClaimSlots(t.Context(), f.Store, "b", []runlease.Scope{runlease.MemScope(1)},
+						runlease.WithTTL(5*time.Second))
+				}
+				if b != nil {
+					require.Empty(t, sl.Held(), "run a still lists a slot run b holds")
+				}
+			}
+			require.NotNil(t, b, "the slot freed once its row expired")
+			require.NoError(t, k.Err(), "not strict: the lease is the authority")
+			ev.mu.Lock()
+			defer ev.mu.Unlock()
+			require.Len(t, ev.slots, 1, "the loss is reported once")
+			require.ErrorIs(t, ev.slots[0].Err, runlease.ErrTrustExpired)
+		})
+	})
+
+	t.Run("a_strictly_kept_slot_ends_the_keeper_while_its_row_is_still_live", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := &testkit.Faulty{Store: bubbleStore(t)}
+			k, sl := keptRun(t, f, "a", &events{}, runlease.KeepSlotsStrict)
+			held := sl.Held()
+			require.Len(t, held, 1)
+			work := k.Context()
+			f.FailWrites(testkit.Prefix(runlease.SlotPrefix))
+			<-work.Done()
+			require.ErrorIs(t, context.Cause(work), runlease.ErrSlotLost)
+			require.ErrorIs(t, k.Err(), runlease.ErrTrustExpired)
+			require.Less(t, time.Now().UnixMilli(), slotUntilMS(t, f, held[0].Key),
+				"the run stopped before any other run could take the slot")
+		})
+	})
+
+	t.Run("slot_faults_are_retried_within_the_trust_window", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := &testkit.Faulty{Store: bubbleStore(t)}
+			ev := &events{}
+			k, sl := keptRun(t, f, "a", ev, runlease.KeepSlotsStrict)
+			defer k.Stop()
+			time.Sleep(time.Second)
+			f.FailWrites(testkit.Prefix(runlease.SlotPrefix))
+			time.Sleep(2 * time.Second) // the slot renewal due meanwhile fails, and is retried
+			f.FailWrites(nil)
+			time.Sleep(30 * time.Second)
+			require.NoError(t, k.Err())
+			require.Len(t, sl.Held(), 1)
+			assert.Empty(t, ev.slots)
+		})
+	})
+}
+
+func TestSlotFaultsAreNeverLosses(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	mem := []runlease.Scope{runlease.MemScope(1)}
+
+	t.Run("a_slot_renewal_whose_reply_was_lost_is_not_a_loss", func(t *testing.T) {
+		t.Parallel()
+		f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+		sl, err := runlease.ClaimSlots(ctx, f, "a", mem, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(time.Second)
+		f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+		f.FailReads(1)
+		err = sl.Renew(ctx)
+		require.ErrorIs(t, err, runlease.ErrOutcomeUnknown)
+		require.NotErrorIs(t, err, runlease.ErrSlotLost)
+		clk.Advance(time.Second)
+		require.NoError(t, sl.Renew(ctx), "the row that landed is the run's own")
+		require.Len(t, sl.Held(), 1)
+		require.NoError(t, sl.Release(ctx))
+		assert.Empty(t, rows(t, f), "and Release deletes it")
+	})
+
+	t.Run("a_runs_own_expired_slot_does_not_bypass_the_limit", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		ttl := runlease.WithTTL(5 * time.Second)
+		// A host with limit 2: run a's slot 0 expires, run b's slot 1 lives.
+		_, err := runlease.ClaimSlots(ctx, s, "a", []runlease.Scope{runlease.MemScope(2)}, ttl, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(4 * time.Second)
+		_, err = runlease.ClaimSlots(ctx, s, "b", []runlease.Scope{runlease.MemScope(2)}, ttl, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(2 * time.Second)
+		// A host with limit 1 sees one live holder: no run may join it.
+		for _, run := range []string{"c", "a"} {
+			_, err = runlease.ClaimSlots(ctx, s, run, mem, ttl, runlease.WithClock(clk.Now))
+			require.ErrorIs(t, err, runlease.ErrConcurrencyLimit, "run %s", run)
+		}
+	})
+
+	t.Run("a_retryable_fault_of_a_batched_claim_is_retried", func(t *testing.T) {
+		t.Parallel()
+		f := &testkit.Faulty{Store: newSQLite(t)}
+		retryable := &runlease.StorageError{Op: "MetaBatch", Retryable: true, Err: assert.AnError}
+		for range 3 {
+			f.Next(testkit.Fault{Err: retryable})
+		}
+		sl, err := runlease.ClaimSlots(ctx, f, "a", mem)
+		require.NoError(t, err, "on a store that works a claim is won or refused")
+		require.Len(t, sl.Held(), 1)
+	})
+
+	t.Run("without_batches_a_claim_refused_in_a_later_scope_puts_the_first_back", func(t *testing.T) {
+		t.Parallel()
+		inner := newSQLite(t)
+		f := &testkit.Faulty{Store: inner}
+		scopes := []runlease.Scope{runlease.MemScope(1), runlease.PrincipalScope("p", 1)}
+		f.Next(testkit.Fault{Apply: true}, testkit.Fault{Apply: false, Then: func() {
+			// another run takes the principal's only slot between the
+			// scan and the write
+			_, err := runlease.ClaimSlots(ctx, inner, "other", scopes[1:])
+			require.NoError(t, err)
+		}})
+		_, err := runlease.ClaimSlots(ctx, testkit.PlainStore{Store: f}, "a", scopes)
+		require.ErrorIs(t, err, runlease.ErrConcurrencyLimit)
+		occ, err := runlease.Occupancy(ctx, inner)
+		require.NoError(t, err)
+		for _, o := range occ {
+			assert.NotEqual(t, "a", o.RunID, "a refused claim holds no slot afterwards: %+v", o)
+		}
+		_, err = runlease.ClaimSlots(ctx, inner, "c", scopes[:1])
+		require.NoError(t, err, "the first scope's slot is free at once, not after a TTL")
+	})
+}
+
+// slotUntilMS returns the stored expiry of the slot row at key.
+func slotUntilMS(t *testing.T, s runlease.Store, key string) int64 {
+	t.Helper()
+	occ, err := runlease.Occupancy(t.Context(), s)
+	require.NoError(t, err)
+	for _, o := range occ {
+		if o.Key == key {
+			return o.Until.UnixMilli()
+		}
+	}
+	t.Fatalf("no live slot at %q", key)
+	return 0
+}
