@@ -19,8 +19,10 @@ type Hooks struct {
 	Renewed func(RenewEvent)
 	// Lost is called once when a Keeper's lease is lost, with the reason.
 	Lost func(LossEvent)
-	// SlotsLost is called when a Keeper finds that slots it renews were
-	// taken by other runs. The run goes on: the lease is the authority.
+	// SlotsLost is called once for each loss of slots a Keeper renews:
+	// taken by other runs, or not renewed within their trust window (the
+	// error's Cause says which). The run goes on, because the lease is the
+	// authority, unless the slots were kept with KeepSlotsStrict.
 	SlotsLost func(SlotLossEvent)
 	// LimitMismatch is called when ClaimSlots finds live slots numbered at
 	// or above its own limit for a scope: hosts disagree on the limit, or
