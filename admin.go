@@ -43,42 +43,64 @@ func leaseInfo(runID, raw string, nowMS int64) LeaseInfo {
 // ForceRelease is an operator's release of a stuck lease: it writes a
 // released tombstone over the row info was read from (by [Peek] or
 // [Leases]), keeping its fence so that the next holder continues above it.
-// It is conditional on that exact row: if the row changed since it was read
-// — the holder renewed, or someone else took over — nothing is written and
-// the error is a [*LeaseLostError] describing the row now (cause
-// [ErrRowChanged] when the holder is unchanged). The holder of a
-// force-released lease learns of it at its next renewal ([ErrReleased]).
+// The holder of a force-released lease learns of it at its next renewal
+// ([ErrReleased]).
 //
-// A row that is absent, already released or corrupt is refused with
-// [ErrInvalidArgument]: a corrupt row needs a person to look at it, not a
-// tombstone.
+// Releasing a released lease does nothing and succeeds: ForceRelease
+// returns nil, writing nothing, when info is already released, and when the
+// row changed since it was read into a released tombstone at a fence no
+// lower than info's (the holder released it meanwhile). Otherwise it is
+// conditional on the exact row read: if the row changed — the holder
+// renewed, or someone else took over — nothing is written and the error is
+// a [*LeaseLostError] describing the row now (cause [ErrRowChanged] when
+// the holder is unchanged, [ErrTakenOver] otherwise).
+//
+// A row that is absent or corrupt is refused with [ErrInvalidArgument]: a
+// corrupt row needs a person to look at it, not a tombstone.
 func ForceRelease(ctx context.Context, store Store, info LeaseInfo, opts ...Option) error {
+	_, err := ForceReleaseOutcome(ctx, store, info, opts...)
+	return err
+}
+
+// ForceReleaseOutcome is [ForceRelease] that also reports whether this call
+// wrote the tombstone: wrote is false when the lease was released already,
+// before or while the call ran, and whenever err is not nil.
+func ForceReleaseOutcome(ctx context.Context, store Store, info LeaseInfo, opts ...Option) (wrote bool, err error) {
 	o, err := buildOptions(store, opts, optsRead, "ForceRelease")
 	if err != nil {
-		return err
+		return false, err
 	}
 	switch {
 	case !info.Found || info.Row == "":
-		return invalidArg("info", "run %q has no lease row read by Peek or Leases", info.RunID)
+		return false, invalidArg("info", "run %q has no lease row read by Peek or Leases", info.RunID)
 	case info.Corrupt:
-		return invalidArg("info", "run %q: the row does not parse; inspect it rather than release it", info.RunID)
+		return false, invalidArg("info", "run %q: the row does not parse; inspect it rather than release it", info.RunID)
 	case info.Released:
-		return invalidArg("info", "run %q is already released", info.RunID)
+		return false, nil
 	}
 	key := LeasePrefix + info.RunID
 	tomb := leaseRow{Fence: info.Fence, UntilMS: min(o.nowMS(), info.Until.UnixMilli())}.encode()
 	ok, err := casNotify(ctx, store, key, &info.Row, tomb)
 	if err != nil || ok {
-		return err
+		return ok, err
 	}
 	e := &LeaseLostError{RunID: info.RunID, Cause: ErrRowChanged}
-	if now, nerr := Peek(ctx, store, info.RunID, WithClock(o.now)); nerr == nil && now.Found && !now.Corrupt {
-		e.Holder, e.Fence, e.Until = now.Holder, now.Fence, now.Until
-		if now.Holder != info.Holder || now.Fence != info.Fence {
-			e.Cause = ErrTakenOver
-		}
+	now, nerr := Peek(ctx, store, info.RunID, WithClock(o.now))
+	if nerr != nil || !now.Found || now.Corrupt {
+		return false, e
 	}
-	return e
+	// Fences never go backwards, so a tombstone at this fence or above
+	// means the lease read was given up (by its holder, or by a later
+	// holder that took over and released in turn): what the operator
+	// asked for is done.
+	if now.Released && now.Fence >= info.Fence {
+		return false, nil
+	}
+	e.Holder, e.Fence, e.Until = now.Holder, now.Fence, now.Until
+	if now.Holder != info.Holder || now.Fence != info.Fence {
+		e.Cause = ErrTakenOver
+	}
+	return false, e
 }
 
 // Pruned lists what [Prune] removed, or what [PruneCandidates] would remove.

@@ -67,6 +67,94 @@ func TestForceRelease(t *testing.T) {
 		require.NoError(t, l.Renew(t.Context()))
 	})
 
+	t.Run("a_lease_its_holder_released_meanwhile_is_released_without_error", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		l, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		info, err := runlease.Peek(t.Context(), s, "r1", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(time.Second)
+		require.NoError(t, l.Release(t.Context()), "the holder finished after all")
+		tomb := get(t, s, "runlease:r1")
+
+		wrote, err := runlease.ForceReleaseOutcome(t.Context(), s, info, runlease.WithClock(clk.Now))
+		require.NoError(t, err, "releasing a released lease succeeds")
+		assert.False(t, wrote, "the holder's tombstone was there first")
+		assert.Equal(t, tomb, get(t, s, "runlease:r1"), "nothing written")
+		require.NoError(t, runlease.ForceRelease(t.Context(), s, info, runlease.WithClock(clk.Now)))
+	})
+
+	t.Run("a_lease_taken_over_and_released_meanwhile_is_released_without_error", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		opts := []runlease.Option{runlease.WithTTL(time.Minute), runlease.WithClock(clk.Now)}
+		_, err := runlease.Acquire(t.Context(), s, "r1", "A", opts...)
+		require.NoError(t, err)
+		info, err := runlease.Peek(t.Context(), s, "r1", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(2 * time.Minute)
+		b, err := runlease.Acquire(t.Context(), s, "r1", "B", opts...)
+		require.NoError(t, err)
+		require.NoError(t, b.Release(t.Context()))
+
+		wrote, err := runlease.ForceReleaseOutcome(t.Context(), s, info, runlease.WithClock(clk.Now))
+		require.NoError(t, err, "a tombstone above the fence read")
+		assert.False(t, wrote)
+	})
+
+	t.Run("a_lease_taken_over_meanwhile_is_refused", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		opts := []runlease.Option{runlease.WithTTL(time.Minute), runlease.WithClock(clk.Now)}
+		_, err := runlease.Acquire(t.Context(), s, "r1", "A", opts...)
+		require.NoError(t, err)
+		info, err := runlease.Peek(t.Context(), s, "r1", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(2 * time.Minute)
+		_, err = runlease.Acquire(t.Context(), s, "r1", "B", opts...)
+		require.NoError(t, err)
+		before := get(t, s, "runlease:r1")
+
+		wrote, err := runlease.ForceReleaseOutcome(t.Context(), s, info, runlease.WithClock(clk.Now))
+		require.ErrorIs(t, err, runlease.ErrTakenOver)
+		assert.False(t, wrote)
+		var lost *runlease.LeaseLostError
+		require.ErrorAs(t, err, &lost)
+		assert.Equal(t, "B", lost.Holder)
+		assert.Equal(t, uint64(2), lost.Fence)
+		assert.Equal(t, before, get(t, s, "runlease:r1"), "nothing written")
+	})
+
+	t.Run("an_already_released_lease_succeeds_and_writes_nothing", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		l, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.NoError(t, l.Release(t.Context()))
+		info, err := runlease.Peek(t.Context(), s, "r1", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.True(t, info.Released)
+		before := get(t, s, "runlease:r1")
+
+		wrote, err := runlease.ForceReleaseOutcome(t.Context(), s, info, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		assert.False(t, wrote)
+		assert.Equal(t, before, get(t, s, "runlease:r1"))
+	})
+
+	t.Run("a_release_that_writes_says_so", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newSQLite(t), testkit.NewClock(epoch)
+		_, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		info, err := runlease.Peek(t.Context(), s, "r1", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		wrote, err := runlease.ForceReleaseOutcome(t.Context(), s, info, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		assert.True(t, wrote)
+	})
+
 	t.Run("refuses_rows_it_must_not_touch", func(t *testing.T) {
 		t.Parallel()
 		s := newSQLite(t)

@@ -106,6 +106,25 @@ func TestPostgresReleaseIsConditionalOnTheRowShown(t *testing.T) {
 	require.NoError(t, lease.Renew(t.Context()), "the holder keeps its lease")
 }
 
+func TestPostgresReleaseOfALeaseReleasedMeanwhileSucceeds(t *testing.T) {
+	t.Parallel()
+	dsn, table, s := newPGStore(t)
+	lease, err := runlease.Acquire(t.Context(), s, "r1", "alice#n1")
+	require.NoError(t, err)
+	stdin := &renewingStdin{answer: strings.NewReader("y\n"), renew: func() {
+		require.NoError(t, lease.Release(t.Context()), "the holder finishes while the operator reads")
+	}}
+	shown := peekRow(t, s, "r1")
+
+	r := session{stdin: stdin, tty: true}.run(t, "release", "r1", "--force", "--postgres", dsn, "--table", table)
+	assert.Equal(t, exitOK, r.code, r.stderr)
+	assert.Empty(t, r.stderr)
+	assert.Contains(t, r.stdout, "run r1 was already released meanwhile (fence 1 or above); nothing to do")
+	after := peekRow(t, s, "r1")
+	assert.True(t, after.Released)
+	assert.NotEqual(t, shown.Row, after.Row, "the holder's own tombstone is in place")
+}
+
 func TestPostgresMissingTableIsNotCreated(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)

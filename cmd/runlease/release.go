@@ -14,7 +14,8 @@ confirmation when stdin is a terminal (unless --yes), then writes a released
 tombstone over exactly that row. The fence is kept, so the next holder gets
 a higher one and outside systems still refuse the old holder's writes. If
 the row changed since it was shown (the holder renewed, or another driver
-took over), nothing is written and release fails with RUN-E021.
+took over), nothing is written and release fails with RUN-E021; if its
+holder released it meanwhile, release says so and succeeds.
 
 The old holder learns of the release at its next renewal (RUN-E021, lease
 released) and must stop then; until that renewal it may still be working.
@@ -79,11 +80,17 @@ func (c *cli) forceRelease(ctx context.Context, s *openedStore, runID string, ye
 			return errAborted
 		}
 	}
-	if err := runlease.ForceRelease(ctx, s.s, info); err != nil {
+	wrote, err := runlease.ForceReleaseOutcome(ctx, s.s, info)
+	if err != nil {
 		if errors.Is(err, runlease.ErrLeaseLost) {
 			return withHint(err, "the row changed since it was shown; nothing was written. Run peek again")
 		}
 		return err
+	}
+	if !wrote {
+		fmt.Fprintf(c.stdout, "run %s was already released meanwhile (fence %d or above); nothing to do\n",
+			runID, info.Fence)
+		return nil
 	}
 	fmt.Fprintf(c.stdout, "released run %s: fence %d kept; the next holder continues above it\n",
 		runID, info.Fence)
