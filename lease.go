@@ -78,10 +78,11 @@ type Lease struct {
 	// sentMS is the largest until_ms this lease ever sent, landed or not:
 	// every new row stamps a larger one, so no two rows it writes are
 	// equal and a read-back can tell which write landed.
-	sentMS   int64
-	lost     error // sticky once the row is known to be someone else's
-	released bool  // this lease's release landed
-	keepers  []*Keeper
+	sentMS    int64
+	lost      error // sticky once the row is known to be someone else's
+	released  bool  // the row is released at this lease's fence
+	releasing bool  // Release was called: nothing but Release may write
+	keepers   []*Keeper
 }
 
 // Acquire takes the lease on runID for holder, or fails with a

@@ -50,11 +50,29 @@ func (l *Lease) Renew(ctx context.Context) error {
 // operator) does nothing and succeeds. On a storage fault the lease is
 // unchanged and Release may be retried; a lease that is never released
 // expires after its TTL.
+//
+// Release first stops the lease's keepers (with [ErrKeeperStopped]), and from
+// then on the lease can only be released: Renew, Write and Keep fail with
+// [ErrReleased], even when the release itself failed, because a lease being
+// given up must not be trusted while the outcome of its release is in doubt.
 func (l *Lease) Release(ctx context.Context) error {
 	if l.isReleased() {
 		return nil
 	}
+	l.mu.Lock()
+	keepers := l.keepers
+	l.keepers, l.releasing = nil, true
+	l.mu.Unlock()
+	for _, k := range keepers {
+		k.r.end(k, ErrKeeperStopped)
+	}
 	return l.update(ctx, kindRelease, nil)
+}
+
+// errReleasing is what a lease being released answers to calls other than
+// Release.
+func (l *Lease) errReleasing() error {
+	return &LeaseLostError{RunID: l.runID, Cause: ErrReleased, Fence: l.fence}
 }
 
 func (l *Lease) isReleased() bool {
@@ -140,6 +158,10 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra []Op) er
 				return nil
 			}
 			return err
+		}
+		if l.releasing && kind != kindRelease {
+			l.mu.Unlock()
+			return l.errReleasing()
 		}
 		seen := l.seen
 		start := time.Now()
@@ -280,6 +302,9 @@ func (l *Lease) addKeeper(k *Keeper) error {
 	defer l.mu.Unlock()
 	if l.lost != nil {
 		return l.lost
+	}
+	if l.releasing {
+		return l.errReleasing()
 	}
 	l.keepers = append(l.keepers, k)
 	return nil

@@ -116,10 +116,11 @@ type Slots struct {
 
 	// mu guards the fields below. It is a leaf lock, never held across
 	// store I/O, hooks or logging.
-	mu     sync.Mutex
-	held   []*heldSlot
-	losses []string // keys lost since the last takeLosses, with lossCause
-	cause  error
+	mu        sync.Mutex
+	held      []*heldSlot
+	releasing []*heldSlot // given back, the delete not yet confirmed: never listed
+	losses    []string    // keys lost since the last takeLosses, with cause
+	cause     error
 }
 
 type heldSlot struct {
@@ -336,26 +337,33 @@ func (s *Slots) drop(h *heldSlot, cause error) {
 // Release gives every held slot back, so a waiting run can start at once.
 // Each delete is conditional on the row this run last wrote (or a row of
 // its own found in its place): a slot another run has taken since is left
-// to it. Release is idempotent; on a storage fault the slots not yet
-// released stay held and Release may be retried. It waits for a write of
-// the slots in flight, or for ctx.
+// to it. Release is idempotent; on a storage fault it may be retried. It
+// waits for a write of the slots in flight, or for ctx.
+//
+// A slot being released is no longer held, whatever the outcome: Held stops
+// listing it at once, and a fault only leaves it to Release again (or to
+// expire).
 func (s *Slots) Release(ctx context.Context) error {
+	s.mu.Lock()
+	s.releasing = append(s.releasing, s.held...)
+	s.held = nil
+	s.mu.Unlock()
 	if err := s.lock(ctx); err != nil {
 		return err
 	}
 	defer s.unlock()
 	s.mu.Lock()
-	held := slices.Clone(s.held)
+	releasing := slices.Clone(s.releasing)
 	s.mu.Unlock()
 	var errs []error
-	for _, h := range held {
+	for _, h := range releasing {
 		if err := s.releaseOne(ctx, h); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		s.mu.Lock()
-		if i := slices.Index(s.held, h); i >= 0 {
-			s.held = slices.Delete(s.held, i, i+1)
+		if i := slices.Index(s.releasing, h); i >= 0 {
+			s.releasing = slices.Delete(s.releasing, i, i+1)
 		}
 		s.mu.Unlock()
 	}

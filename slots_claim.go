@@ -77,9 +77,11 @@ func (s *Slots) planAll(ctx context.Context, scopes []Scope) ([][]slotCandidate,
 	return plans, nil
 }
 
-// claimRow returns the row a claim writes now, and its until_ms.
-func (s *Slots) claimRow() (string, int64) {
-	untilMS := stampMS(s.o.now(), s.o.ttl, 0)
+// claimRow returns the row a claim writes now, and its until_ms, which is
+// above floorMS: re-using the run's own slot never shortens it for another
+// Slots of the run that holds it too.
+func (s *Slots) claimRow(floorMS int64) (string, int64) {
+	untilMS := stampMS(s.o.now(), s.o.ttl, floorMS)
 	return leaseRow{Holder: s.runID, UntilMS: untilMS}.encode(), untilMS
 }
 
@@ -103,9 +105,9 @@ func (s *Slots) claimBatch(ctx context.Context, b Batcher, scopes []Scope) error
 		ops := make([]Op, len(scopes))
 		held := make([]*heldSlot, len(scopes))
 		start := time.Now()
-		row, untilMS := s.claimRow()
 		for i, sc := range scopes {
 			c := plans[i][0]
+			row, untilMS := s.claimRow(c.floorMS)
 			key := sc.prefix() + strconv.Itoa(c.slot)
 			conds[i], ops[i] = Cond{Key: key, Value: c.expected}, Put(key, row)
 			held[i] = &heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row,
@@ -134,6 +136,7 @@ func (s *Slots) claimBatch(ctx context.Context, b Batcher, scopes []Scope) error
 type slotCandidate struct {
 	slot     int
 	expected *string
+	floorMS  int64 // the until_ms of the run's own row: a claim never shortens it
 }
 
 // plan scans one scope and returns the slots to try in order: this run's own
@@ -162,7 +165,7 @@ func (s *Slots) plan(ctx context.Context, sc Scope) ([]slotCandidate, error) {
 		// The run's own row counts as held only while live: an expired one
 		// is a free slot like any other, or the limit would not hold.
 		if row.Holder == s.runID && slot < sc.limit && row.live(now) {
-			own = append(own, slotCandidate{slot, &r.Value})
+			own = append(own, slotCandidate{slot, &r.Value, row.UntilMS})
 		} else if row.live(now) {
 			live++
 			if slot >= sc.limit {
@@ -182,7 +185,7 @@ func (s *Slots) plan(ctx context.Context, sc Scope) ([]slotCandidate, error) {
 		if !ok {
 			out = append(out, slotCandidate{slot: k})
 		} else if row, _ := decodeRow(raw); !row.live(now) {
-			out = append(out, slotCandidate{k, &raw})
+			out = append(out, slotCandidate{slot: k, expected: &raw})
 		}
 	}
 	if len(out) == 0 {
@@ -210,7 +213,7 @@ func (s *Slots) claimOne(ctx context.Context, sc Scope, cands []slotCandidate) e
 	for _, c := range cands {
 		key := sc.prefix() + strconv.Itoa(c.slot)
 		start := time.Now()
-		row, untilMS := s.claimRow()
+		row, untilMS := s.claimRow(c.floorMS)
 		ok, err := casResolved(ctx, s.store, key, c.expected, row)
 		if err != nil {
 			return err

@@ -1,0 +1,560 @@
+package runlease_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/simstore"
+)
+
+// TestSimulation runs many random schedules of concurrent lease, keeper,
+// slot and waiting calls, inside synctest bubbles, against a store whose
+// faults a seed decides (not applied, applied with the reply lost, not
+// applied with the reply lost, failing reads, calls that hang until their
+// context ends) and whose clock steps forward and back. After every step it
+// checks the README's promises:
+//
+//   - no two keepers of different leases trust one run at one instant, and
+//     a trusting keeper's run is, by the store's rows and clock, live and its
+//     own; no more runs than a scope's limit believe they hold its slots;
+//   - no call reports success for a fenced write that did not land, and none
+//     reports a loss while the row is the caller's own;
+//   - no call, Stop, Close or Release blocks more than simBound past its
+//     context's end;
+//   - fences never go backwards.
+//
+// A failure names its seed; RUNLEASE_SIM_SEED=N replays that one schedule
+// with its trace. RUNLEASE_SIM_SCHEDULES sets how many run (default 10,000,
+// or 300 under the race detector); the seeds in testdata/sim/seeds.txt always
+// run.
+func TestSimulation(t *testing.T) {
+	if s := os.Getenv("RUNLEASE_SIM_SEED"); s != "" {
+		seed, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("RUNLEASE_SIM_SEED=%q: %v", s, err)
+		}
+		runSchedule(t, seed, true)
+		return
+	}
+	n := 10_000
+	if raceEnabled {
+		n = 300
+	}
+	if s := os.Getenv("RUNLEASE_SIM_SCHEDULES"); s != "" {
+		var err error
+		if n, err = strconv.Atoi(s); err != nil {
+			t.Fatalf("RUNLEASE_SIM_SCHEDULES=%q: %v", s, err)
+		}
+	}
+	seeds := committedSeeds(t)
+	for i := range n {
+		seeds = append(seeds, uint64(i)+1)
+	}
+	failed := 0
+	for _, seed := range seeds {
+		if !runSchedule(t, seed, false) {
+			failed++
+			if failed == 5 {
+				t.Fatalf("stopping after %d failed schedules", failed)
+			}
+		}
+	}
+	t.Logf("%d schedules checked", len(seeds))
+}
+
+// committedSeeds reads the regression seeds kept in testdata/sim.
+func committedSeeds(t *testing.T) []uint64 {
+	data, err := os.ReadFile("testdata/sim/seeds.txt")
+	if err != nil {
+		t.Fatalf("reading the regression seeds: %v", err)
+	}
+	var seeds []uint64
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && !strings.HasPrefix(f[0], "#") {
+			seed, err := strconv.ParseUint(f[0], 10, 64)
+			if err != nil {
+				t.Fatalf("testdata/sim/seeds.txt: %q: %v", line, err)
+			}
+			seeds = append(seeds, seed)
+		}
+	}
+	return seeds
+}
+
+// simBound is how long after its context ends (or, for Stop, after it is
+// called) a call may still run.
+const simBound = time.Second
+
+var simRuns = []string{"r1", "r2"}
+
+const simTTL = 5 * time.Second
+
+// runSchedule runs the schedule of seed in a bubble of its own, and reports
+// whether every check held. verbose prints the trace even when they did.
+func runSchedule(t *testing.T, seed uint64, verbose bool) (ok bool) {
+	ok = true
+	t.Run("seed="+strconv.FormatUint(seed, 10), func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			w := newWorld(t, seed)
+			defer w.cleanup()
+			for step := 0; step < 40 && len(w.violations) == 0; step++ {
+				w.step()
+				synctest.Wait()
+				w.check()
+			}
+			if len(w.violations) > 0 || verbose {
+				w.report(seed)
+			}
+			if len(w.violations) > 0 {
+				ok = false
+				t.Errorf("seed %d: %s\nreplay: RUNLEASE_SIM_SEED=%d go test -run 'TestSimulation' -v .",
+					seed, strings.Join(w.violations, "\n"), seed)
+			}
+		})
+	})
+	return ok && !t.Failed()
+}
+
+// world is one schedule: the store, the drivers, and what is in flight.
+type world struct {
+	t       *testing.T
+	rng     *rand.Rand
+	store   *simstore.Store
+	renewer *runlease.Renewer
+	cancel  context.CancelFunc
+	ctx     context.Context
+	seq     int
+
+	mu         sync.Mutex
+	held       map[string]*heldRun // by holder + run
+	plain      []*runlease.Slots   // slots claimed without a lease
+	flights    map[int]*flight
+	log        []string
+	violations []string
+}
+
+type heldRun struct {
+	holder, run string
+	lease       *runlease.Lease
+	keepers     []*runlease.Keeper
+	slots       *runlease.Slots
+	released    bool // the driver called Release: ErrReleased is its own doing
+}
+
+type flight struct {
+	what     string
+	deadline time.Time // when it must have returned, plus simBound
+}
+
+func newWorld(t *testing.T, seed uint64) *world {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &world{
+		t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		store: simstore.New(seed, simstore.Rates{NotApplied: 5, AppliedUnknown: 6,
+			NotAppliedUnknown: 6, Hang: 2, ReadFail: 8}),
+		renewer: &runlease.Renewer{}, ctx: ctx, cancel: cancel,
+		held: map[string]*heldRun{}, flights: map[int]*flight{},
+	}
+}
+
+func (w *world) logf(format string, a ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.log = append(w.log, fmt.Sprintf("%6d ", time.Now().UnixMilli()%1_000_000)+fmt.Sprintf(format, a...))
+}
+
+func (w *world) violate(format string, a ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.violations = append(w.violations, fmt.Sprintf(format, a...))
+}
+
+// launch runs fn on a goroutine of its own with a context that ends after
+// timeout, and watches that it returns within simBound of that.
+func (w *world) launch(what string, timeout time.Duration, fn func(ctx context.Context)) {
+	w.mu.Lock()
+	w.seq++
+	id := w.seq
+	w.flights[id] = &flight{what: what, deadline: time.Now().Add(timeout + simBound)}
+	w.mu.Unlock()
+	go func() {
+		ctx, cancel := context.WithTimeout(w.ctx, timeout)
+		defer cancel()
+		fn(ctx)
+		w.mu.Lock()
+		delete(w.flights, id)
+		w.mu.Unlock()
+	}()
+}
+
+// step does one random thing: a call, a pause, or a clock step.
+func (w *world) step() {
+	n := w.rng.IntN(100)
+	switch {
+	case n < 12:
+		time.Sleep(time.Duration(w.rng.IntN(3000)) * time.Millisecond)
+		return
+	case n < 16:
+		w.store.StepClock(time.Duration(w.rng.IntN(4000)-2000) * time.Millisecond)
+		return
+	case n < 31:
+		holder := "D" + strconv.Itoa(w.rng.IntN(3))
+		run := simRuns[w.rng.IntN(len(simRuns))]
+		if w.heldBy(holder, run) == nil {
+			w.acquire(holder, run, n < 24)
+		}
+		return
+	case n < 36:
+		w.claimPlain()
+		return
+	case n < 40:
+		w.renewPlain()
+		return
+	}
+	h := w.pickHeld()
+	if h == nil {
+		time.Sleep(time.Duration(w.rng.IntN(1000)) * time.Millisecond)
+		return
+	}
+	run := h.run
+	switch {
+	case n < 52 && len(h.keepers) < 2:
+		w.keep(h)
+	case n < 62:
+		w.launch("renew "+run, 3*time.Second, func(ctx context.Context) { w.checkLoss(h, "Renew", h.lease.Renew(ctx)) })
+	case n < 77:
+		w.write(h)
+	case n < 85 && h.slots == nil:
+		w.claim(h)
+	case n < 85:
+		w.launch("slots renew "+run, 3*time.Second, func(ctx context.Context) { _ = h.slots.Renew(ctx) })
+	case n < 91 && len(h.keepers) > 0:
+		k := h.keepers[w.rng.IntN(len(h.keepers))]
+		w.launch("stop "+run, 0, func(context.Context) { k.Stop() })
+	default:
+		w.release(h)
+	}
+}
+
+// pickHeld returns a random run a driver holds (or held), or nil.
+func (w *world) pickHeld() *heldRun {
+	w.mu.Lock()
+	var keys []string
+	for k, h := range w.held {
+		if h.lease != nil {
+			keys = append(keys, k)
+		}
+	}
+	w.mu.Unlock()
+	if len(keys) == 0 {
+		return nil
+	}
+	slices.Sort(keys) // map order is random: sort for a replayable choice
+	key := keys[w.rng.IntN(len(keys))]
+	return w.heldBy(key[:strings.IndexByte(key, '/')], key[strings.IndexByte(key, '/')+1:])
+}
+
+func (w *world) heldBy(holder, run string) *heldRun {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h := w.held[holder+"/"+run]
+	if h != nil && h.lease != nil && h.lease.Err() != nil && allEnded(h.keepers) {
+		delete(w.held, holder+"/"+run) // lost or released: the driver may start again
+		return nil
+	}
+	return h
+}
+
+func allEnded(ks []*runlease.Keeper) bool {
+	for _, k := range ks {
+		select {
+		case <-k.Done():
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func (w *world) acquire(holder, run string, wait bool) {
+	key := holder + "/" + run
+	w.mu.Lock()
+	w.held[key] = &heldRun{holder: holder, run: run} // reserved, so no second acquire starts
+	w.mu.Unlock()
+	w.launch("acquire "+key, 3*time.Second, func(ctx context.Context) {
+		var l *runlease.Lease
+		var err error
+		if wait {
+			l, err = runlease.AcquireWait(ctx, w.store, run, holder, runlease.WithTTL(simTTL))
+			if err != nil && ctx.Err() != nil && err != ctx.Err() {
+				w.violate("AcquireWait returned %v, not ctx.Err(), when its context ended", err)
+			}
+		} else {
+			l, err = runlease.Acquire(ctx, w.store, run, holder, runlease.WithTTL(simTTL))
+		}
+		w.logf("acquire %s wait=%v: fence %d %v", key, wait, fenceOf(l), err)
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if err != nil {
+			delete(w.held, key)
+			return
+		}
+		w.held[key].lease = l
+	})
+}
+
+func fenceOf(l *runlease.Lease) uint64 {
+	if l == nil {
+		return 0
+	}
+	return l.Fence()
+}
+
+func (w *world) keep(h *heldRun) {
+	if h.lease == nil {
+		return
+	}
+	var opts []runlease.Option
+	if h.slots != nil {
+		if w.rng.IntN(2) == 0 {
+			opts = append(opts, runlease.KeepSlotsStrict(h.slots))
+		} else {
+			opts = append(opts, runlease.KeepSlots(h.slots))
+		}
+	}
+	var k *runlease.Keeper
+	var err error
+	if w.rng.IntN(2) == 0 {
+		k, err = w.renewer.Keep(w.ctx, h.lease, opts...)
+	} else {
+		k, err = runlease.Keep(w.ctx, h.lease, opts...)
+	}
+	w.logf("keep %s/%s: %v", h.holder, h.run, err)
+	if err == nil {
+		w.mu.Lock()
+		h.keepers = append(h.keepers, k)
+		w.mu.Unlock()
+	}
+}
+
+func (w *world) write(h *heldRun) {
+	if h.lease == nil {
+		return
+	}
+	w.seq++
+	value := "v" + strconv.Itoa(w.seq)
+	w.launch("write "+h.run, 3*time.Second, func(ctx context.Context) {
+		err := h.lease.Write(ctx, runlease.Put("ckpt:"+h.run, value))
+		w.logf("write %s/%s %s: %v", h.holder, h.run, value, err)
+		if err == nil && !w.store.Applied(value) {
+			w.violate("Write of %s by %s returned nil, but the value never landed", value, h.holder)
+		}
+		w.checkLoss(h, "Write", err)
+	})
+}
+
+func (w *world) release(h *heldRun) {
+	if h.lease == nil {
+		return
+	}
+	w.mu.Lock()
+	h.released = true
+	w.mu.Unlock()
+	w.launch("release "+h.run, 3*time.Second, func(ctx context.Context) {
+		var err error
+		if len(h.keepers) > 0 {
+			err = h.keepers[0].Release(ctx)
+		} else {
+			err = h.lease.Release(ctx)
+		}
+		w.logf("release %s/%s: %v", h.holder, h.run, err)
+		w.checkLoss(h, "Release", err)
+	})
+}
+
+func (w *world) claim(h *heldRun) {
+	if h.lease == nil {
+		return
+	}
+	w.launch("claim "+h.run, 3*time.Second, func(ctx context.Context) {
+		s, err := runlease.ClaimSlots(ctx, w.store, h.run, []runlease.Scope{runlease.MemScope(1)}, runlease.WithTTL(simTTL))
+		w.logf("claim %s/%s: %v", h.holder, h.run, err)
+		if err == nil {
+			w.mu.Lock()
+			h.slots = s
+			w.mu.Unlock()
+		}
+	})
+}
+
+func (w *world) claimPlain() {
+	w.seq++
+	run := "p" + strconv.Itoa(w.seq)
+	w.launch("claim plain "+run, 3*time.Second, func(ctx context.Context) {
+		s, err := runlease.ClaimSlots(ctx, w.store, run, []runlease.Scope{runlease.MemScope(1)}, runlease.WithTTL(simTTL))
+		w.logf("claim plain %s: %v", run, err)
+		if err == nil {
+			w.mu.Lock()
+			w.plain = append(w.plain, s)
+			w.mu.Unlock()
+		}
+	})
+}
+
+func (w *world) renewPlain() {
+	w.mu.Lock()
+	plain := append([]*runlease.Slots(nil), w.plain...)
+	w.mu.Unlock()
+	for _, s := range plain {
+		w.launch("slots renew "+s.RunID(), 3*time.Second, func(ctx context.Context) {
+			err := s.Renew(ctx)
+			w.logf("renew plain %s: %v", s.RunID(), err)
+		})
+	}
+}
+
+// storeRow decodes the lease row of run as the store holds it.
+func (w *world) storeRow(key string) (row struct {
+	Holder  string `json:"holder"`
+	Fence   uint64 `json:"fence"`
+	UntilMS int64  `json:"until_ms"`
+}, found bool) {
+	raw, found := w.store.Row(key)
+	if found {
+		_ = json.Unmarshal([]byte(raw), &row)
+	}
+	return row, found
+}
+
+// checkLoss fails the schedule when a call reported a loss (other than the
+// trust window's end) while the lease row is the caller's own.
+func (w *world) checkLoss(h *heldRun, call string, err error) {
+	if !errors.Is(err, runlease.ErrLeaseLost) || errors.Is(err, runlease.ErrTrustExpired) {
+		return
+	}
+	w.mu.Lock()
+	released := h.released
+	w.mu.Unlock()
+	if released && errors.Is(err, runlease.ErrReleased) {
+		return // the driver gave the lease up itself
+	}
+	row, found := w.storeRow(runlease.LeasePrefix + h.run)
+	if found && row.Holder == h.lease.Holder() && row.Fence == h.lease.Fence() {
+		w.violate("%s by %s reported %v, but the row is its own: %+v", call, h.holder, err, row)
+	}
+}
+
+// check tests every promise at this instant.
+func (w *world) check() {
+	now, _ := w.store.ClockNow()
+	nowMS := now.UnixMilli()
+	w.mu.Lock()
+	held := make([]*heldRun, 0, len(w.held))
+	for _, h := range w.held {
+		held = append(held, h)
+	}
+	plain := append([]*runlease.Slots(nil), w.plain...)
+	var late []string
+	for _, f := range w.flights {
+		if time.Now().After(f.deadline) {
+			late = append(late, f.what)
+		}
+	}
+	w.mu.Unlock()
+	for _, what := range late {
+		w.violate("%s still running %v after its context ended", what, simBound)
+	}
+	trusting := map[string][]*heldRun{}
+	believers := map[string]bool{}
+	for _, h := range held {
+		if h.lease == nil {
+			continue
+		}
+		for _, k := range h.keepers {
+			err := k.Err()
+			if err == nil {
+				trusting[h.run] = append(trusting[h.run], h)
+				row, _ := w.storeRow(runlease.LeasePrefix + h.run)
+				if row.Holder != h.holder || row.Fence != h.lease.Fence() || row.UntilMS <= nowMS {
+					w.violate("keeper of %s/%s (fence %d) trusts, but the row is %+v at %d", h.holder, h.run, h.lease.Fence(), row, nowMS)
+				}
+				break
+			}
+			if !errors.Is(err, runlease.ErrTrustExpired) && errors.Is(err, runlease.ErrLeaseLost) {
+				w.checkLoss(h, "Keeper", err)
+			}
+		}
+		// Slot rows belong to runs, not drivers: a replaced driver's Slots
+		// describe its run's slots, which its successor now keeps and may
+		// release. Only a driver still holding the lease speaks for them.
+		if h.slots != nil && h.lease.Err() == nil {
+			w.checkBeliever(h.slots, nowMS, believers)
+		}
+	}
+	for _, s := range plain {
+		w.checkBeliever(s, nowMS, believers)
+	}
+	for run, hs := range trusting {
+		if len(hs) > 1 {
+			w.violate("%d keepers of different leases trust run %s at once: %s and %s", len(hs), run, hs[0].holder, hs[1].holder)
+		}
+	}
+	if len(believers) > 1 {
+		w.violate("%d runs believe they hold the only slot of mem", len(believers))
+	}
+	for _, b := range w.store.Broken() {
+		w.violate("fence went backwards: %s", b)
+	}
+}
+
+func (w *world) checkBeliever(s *runlease.Slots, nowMS int64, believers map[string]bool) {
+	for _, info := range s.Held() {
+		believers[s.RunID()] = true
+		row, _ := w.storeRow(info.Key)
+		if row.Holder != s.RunID() || row.UntilMS <= nowMS {
+			w.violate("run %s believes it holds %s, but the row is %+v at %d", s.RunID(), info.Key, row, nowMS)
+		}
+	}
+}
+
+// cleanup ends everything the schedule started, so that the bubble can end.
+func (w *world) cleanup() {
+	w.store.SetFaulty(false)
+	w.cancel()
+	w.mu.Lock()
+	var keepers []*runlease.Keeper
+	for _, h := range w.held {
+		keepers = append(keepers, h.keepers...)
+	}
+	w.mu.Unlock()
+	for _, k := range keepers {
+		k.Stop()
+	}
+	w.renewer.Close()
+	synctest.Wait()
+}
+
+func (w *world) report(seed uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.t.Logf("seed %d: schedule", seed)
+	for _, l := range w.log {
+		w.t.Log("  ", l)
+	}
+	w.t.Logf("seed %d: store", seed)
+	for _, l := range w.store.Trace() {
+		w.t.Log("  ", l)
+	}
+}
