@@ -482,9 +482,11 @@ func (w *world) check() {
 		if h.lease == nil {
 			continue
 		}
+		trusted := false
 		for _, k := range h.keepers {
 			err := k.Err()
 			if err == nil {
+				trusted = true
 				trusting[h.run] = append(trusting[h.run], h)
 				row, _ := w.storeRow(runlease.LeasePrefix + h.run)
 				if row.Holder != h.holder || row.Fence != h.lease.Fence() || row.UntilMS <= nowMS {
@@ -498,8 +500,9 @@ func (w *world) check() {
 		}
 		// Slot rows belong to runs, not drivers: a replaced driver's Slots
 		// describe its run's slots, which its successor now keeps and may
-		// release. Only a driver still holding the lease speaks for them.
-		if h.slots != nil && h.lease.Err() == nil {
+		// release. Only a driver whose keeper trusts its lease speaks for
+		// the run's slots (the README's way of using them).
+		if h.slots != nil && trusted {
 			w.checkBeliever(h.slots, nowMS, believers)
 		}
 	}
