@@ -149,6 +149,7 @@ type heldRun struct {
 	holder, run string
 	lease       *runlease.Lease
 	keepers     []*runlease.Keeper
+	work        []context.Context // each keeper's work context, taken at once as drivers do
 	slots       *runlease.Slots
 	released    bool // the driver called Release: ErrReleased is its own doing
 }
@@ -204,7 +205,8 @@ func (w *world) step() {
 	n := w.rng.IntN(100)
 	switch {
 	case n < 12:
-		time.Sleep(time.Duration(w.rng.IntN(3000)) * time.Millisecond)
+		// Microseconds, so that clock readings fall between milliseconds.
+		time.Sleep(time.Duration(w.rng.IntN(3_000_000)) * time.Microsecond)
 		return
 	case n < 16:
 		w.store.StepClock(time.Duration(w.rng.IntN(4000)-2000) * time.Millisecond)
@@ -345,6 +347,7 @@ func (w *world) keep(h *heldRun) {
 	if err == nil {
 		w.mu.Lock()
 		h.keepers = append(h.keepers, k)
+		h.work = append(h.work, k.Context())
 		w.mu.Unlock()
 	}
 }
@@ -378,6 +381,9 @@ func (w *world) release(h *heldRun) {
 			err = h.keepers[0].Release(ctx)
 		} else {
 			err = h.lease.Release(ctx)
+		}
+		if h.slots != nil {
+			_ = h.slots.Release(ctx) // a no-op when the keeper released them
 		}
 		w.logf("release %s/%s: %v", h.holder, h.run, err)
 		w.checkLoss(h, "Release", err)
@@ -481,6 +487,13 @@ func (w *world) check() {
 	for _, h := range held {
 		if h.lease == nil {
 			continue
+		}
+		if lost := h.lease.Err(); lost != nil {
+			for i, work := range h.work {
+				if work.Err() == nil {
+					w.violate("keeper %d of %s/%s: its lease is lost (%v), its work context still live", i, h.holder, h.run, lost)
+				}
+			}
 		}
 		trusted := false
 		for _, k := range h.keepers {
