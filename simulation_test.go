@@ -37,7 +37,7 @@ import (
 //
 // A failure names its seed; RUNLEASE_SIM_SEED=N replays that one schedule
 // with its trace. RUNLEASE_SIM_SCHEDULES sets how many run (default 10,000,
-// or 300 under the race detector); the seeds in testdata/sim/seeds.txt always
+// or 2,000 under the race detector); the seeds in testdata/sim/seeds.txt always
 // run.
 func TestSimulation(t *testing.T) {
 	if s := os.Getenv("RUNLEASE_SIM_SEED"); s != "" {
@@ -50,7 +50,7 @@ func TestSimulation(t *testing.T) {
 	}
 	n := 10_000
 	if raceEnabled {
-		n = 300
+		n = 2_000
 	}
 	if s := os.Getenv("RUNLEASE_SIM_SCHEDULES"); s != "" {
 		var err error
@@ -424,9 +424,13 @@ func (w *world) renewPlain() {
 	plain := append([]*runlease.Slots(nil), w.plain...)
 	w.mu.Unlock()
 	for _, s := range plain {
+		release := w.rng.IntN(4) == 0
 		w.launch("slots renew "+s.RunID(), 3*time.Second, func(ctx context.Context) {
-			err := s.Renew(ctx)
-			w.logf("renew plain %s: %v", s.RunID(), err)
+			if release {
+				w.logf("release plain %s: %v", s.RunID(), s.Release(ctx))
+				return
+			}
+			w.logf("renew plain %s: %v", s.RunID(), s.Renew(ctx))
 		})
 	}
 }

@@ -307,15 +307,27 @@ func (s *Slots) renewOne(ctx context.Context, h *heldSlot) error {
 		case err != nil && found && cur == seen:
 			return err // not applied, or not yet
 		}
-		if row, derr := decodeRow(cur); found && derr == nil && row.Holder == s.runID && adopted < maxAdopt {
+		if row, derr := decodeRow(cur); found && derr == nil && s.sentByThis(h, row) && adopted < maxAdopt {
 			s.mu.Lock()
-			h.seen = cur // an earlier write of this run's own landed
+			h.seen = cur // an earlier write of this Slots landed after all
 			s.mu.Unlock()
 			continue
 		}
 		s.drop(h, ErrTakenOver)
 		return nil
 	}
+}
+
+// sentByThis reports whether row, found at h's key, is a write of this
+// Slots whose reply was lost: the run's own row, stamped after h's last
+// confirmed write and no later than the last it sent. Slot rows name the
+// run, not the Slots, so another Slots of the same run (a second claim that
+// re-used the slot, or a replaced driver's) writes rows that name the run
+// too; its rows are not adopted, and its slot is not deleted.
+func (s *Slots) sentByThis(h *heldSlot, row leaseRow) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return row.Holder == s.runID && row.UntilMS > h.untilMS && row.UntilMS <= h.sentMS
 }
 
 func (s *Slots) confirm(h *heldSlot, next string, untilMS int64, start time.Time) {
@@ -394,8 +406,8 @@ func (s *Slots) releaseOne(ctx context.Context, h *heldSlot) error {
 		case err != nil && cur == seen:
 			return err
 		}
-		if row, derr := decodeRow(cur); derr != nil || row.Holder != s.runID || adopted == maxAdopt {
-			return nil // another run's now: leave it
+		if row, derr := decodeRow(cur); derr != nil || !s.sentByThis(h, row) || adopted == maxAdopt {
+			return nil // another run's now, or another Slots' of this run: leave it
 		}
 		seen = cur
 	}
