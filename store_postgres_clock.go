@@ -23,62 +23,66 @@ const (
 	pgClockDrift = 200e-6
 )
 
-// WithLocalClock sets the local clock from which the store derives the
-// server's time (the default is time.Now). Tests use it to give a node a
-// skewed clock; the store's [Clock] corrects for the skew.
+// WithLocalClock sets the local wall clock of the node (the default is
+// time.Now), for tests that give a node a skewed or stepping clock. The
+// store's [Clock] does not depend on it: it extrapolates the server's time
+// from its last sample on the monotonic clock, so a node whose wall clock
+// is skewed, or is stepped by NTP or a VM resume between samples, stamps
+// the same times as any other.
 func WithLocalClock(now func() time.Time) PostgresOption {
 	return func(o *pgOptions) { o.local = now }
 }
 
-// pgClock estimates the server's clock from the local one: server time =
-// local time + offset, within uncertainty. It is safe for concurrent use.
+// pgClock estimates the server's clock: the server's time at the last
+// sample plus the monotonic time elapsed since, within uncertainty. It is
+// safe for concurrent use.
 type pgClock struct {
-	local func() time.Time
+	local func() time.Time              // the node's wall clock; see WithLocalClock
+	since func(time.Time) time.Duration // monotonic time elapsed since a reading of time.Now
 
 	mu          sync.RWMutex
-	offset      time.Duration
-	rtt         time.Duration // of the sample the offset came from
-	measuredAt  time.Time     // local time of that sample
+	serverAt    time.Time     // the server's time at the sample
+	monoAt      time.Time     // time.Now() at the sample's midpoint: its monotonic reading counts
+	rtt         time.Duration // of the sample
 	stop, ended chan struct{}
 }
 
-// ClockNow implements [Clock]: the server's current time as estimated from
-// the local clock and an offset measured in the background, with no round
-// trip. The uncertainty is half the measuring round trip plus the drift the
-// two clocks may have had since.
+// ClockNow implements [Clock]: the server's current time, extrapolated from
+// a sample taken in the background on this process's monotonic clock, with
+// no round trip. The uncertainty is half the sample's round trip plus the
+// drift the two clocks may have had since. A step of the local wall clock
+// moves nothing.
 func (s *PostgresStore) ClockNow() (time.Time, time.Duration) {
 	c := s.clock
-	now := c.local()
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	drift := time.Duration(float64(now.Sub(c.measuredAt).Abs()) * pgClockDrift)
-	return now.Add(c.offset), c.rtt/2 + drift + time.Microsecond
+	elapsed := c.since(c.monoAt)
+	drift := time.Duration(float64(elapsed.Abs()) * pgClockDrift)
+	return c.serverAt.Add(elapsed), c.rtt/2 + drift + time.Microsecond
 }
 
 // measure takes the best of a few samples of the server's clock and makes it
-// the current offset.
+// the current one. Round trips are timed on the monotonic clock.
 func (s *PostgresStore) measure(ctx context.Context) error {
 	c := s.clock
 	best := time.Duration(-1)
-	var offset time.Duration
-	var at time.Time
+	var serverAt, monoAt time.Time
 	for range pgClockSamples {
 		var micros int64
-		t0 := c.local()
+		t0 := time.Now()
 		err := s.do(ctx, "ClockNow", "", false, func(conn *pgx.Conn) error {
 			return conn.QueryRow(ctx, pgNowMicros, pgMode).Scan(&micros)
 		})
-		t1 := c.local()
+		rtt := c.since(t0)
 		if err != nil {
 			return err
 		}
-		if rtt := t1.Sub(t0); best < 0 || rtt < best {
-			mid := t0.Add(rtt / 2)
-			best, offset, at = rtt, time.UnixMicro(micros).Sub(mid), mid
+		if best < 0 || rtt < best {
+			best, serverAt, monoAt = rtt, time.UnixMicro(micros), t0.Add(rtt/2)
 		}
 	}
 	c.mu.Lock()
-	c.offset, c.rtt, c.measuredAt = offset, best, at
+	c.serverAt, c.monoAt, c.rtt = serverAt, monoAt, best
 	c.mu.Unlock()
 	return nil
 }
@@ -88,7 +92,7 @@ func (s *PostgresStore) startClock(ctx context.Context, local func() time.Time) 
 	if local == nil {
 		local = time.Now
 	}
-	s.clock = &pgClock{local: local, stop: make(chan struct{}), ended: make(chan struct{})}
+	s.clock = &pgClock{local: local, since: time.Since, stop: make(chan struct{}), ended: make(chan struct{})}
 	if err := s.measure(ctx); err != nil {
 		return err
 	}
@@ -121,4 +125,10 @@ func (s *PostgresStore) stopClock() {
 		close(s.clock.stop)
 		<-s.clock.ended
 	}
+}
+
+// withElapsed replaces the monotonic clock the store measures elapsed time
+// with, so that a test can step the wall clock of WithLocalClock alone.
+func withElapsed(elapsed func() time.Duration) PostgresOption {
+	return func(o *pgOptions) { o.elapsed = elapsed }
 }

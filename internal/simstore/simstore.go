@@ -27,11 +27,11 @@ type Outcome int
 
 // The outcomes of a write.
 const (
-	OK                 Outcome = iota // applied as the condition says, reply delivered
-	NotApplied                        // refused before it ran: a fault that changed nothing
-	AppliedUnknown                    // applied as the condition says, reply lost
-	NotAppliedUnknown                 // not applied, reply lost: the caller cannot tell
-	Hang                              // blocks until the call's context ends, then not applied, unknown
+	OK                Outcome = iota // applied as the condition says, reply delivered
+	NotApplied                       // refused before it ran: a fault that changed nothing
+	AppliedUnknown                   // applied as the condition says, reply lost
+	NotAppliedUnknown                // not applied, reply lost: the caller cannot tell
+	Hang                             // blocks until the call's context ends, then not applied, unknown
 	numOutcomes
 )
 
