@@ -126,9 +126,3 @@ func (s *PostgresStore) stopClock() {
 		<-s.clock.ended
 	}
 }
-
-// withElapsed replaces the monotonic clock the store measures elapsed time
-// with, so that a test can step the wall clock of WithLocalClock alone.
-func withElapsed(elapsed func() time.Duration) PostgresOption {
-	return func(o *pgOptions) { o.elapsed = elapsed }
-}
