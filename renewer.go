@@ -200,7 +200,7 @@ func (r *Renewer) loop(wake <-chan struct{}, done chan struct{}) {
 // and loggers never run under the lock.
 func (r *Renewer) dueLocked(now time.Time) []func() {
 	var reports []func()
-	var leaseDue, slotsDue []*Keeper
+	var leaseDue, slotsDue, chained []*Keeper
 	for len(r.queue) > 0 && !r.queue[0].next.After(now) {
 		k := r.queue[0]
 		reason, report := r.lossLocked(k, now)
@@ -218,26 +218,32 @@ func (r *Renewer) dueLocked(now time.Time) []func() {
 		} else {
 			next = earliest(next, due)
 		}
-		if k.slots != nil {
+		if k.slots != nil && k.slotJob == nil {
 			from, trustEnd, any := k.slots.keptState(now)
+			due := from.Add(k.o.interval)
+			if !k.slotWait.at.IsZero() {
+				due = k.slotWait.at
+			}
+			leaseNow := len(leaseDue) > 0 && leaseDue[len(leaseDue)-1] == k
+			switch {
+			case !any:
+			case leaseNow && !now.Before(due.Add(-k.o.interval/2)):
+				// Due soon: renew the slots right after the lease, in
+				// the same job, so they stay in step with it.
+				chained = append(chained, k)
+			case !now.Before(due):
+				slotsDue = append(slotsDue, k)
+			default:
+				next = earliest(next, earliest(due, trustEnd))
+			}
 			if any {
 				next = earliest(next, trustEnd)
-				due := from.Add(k.o.interval)
-				if !k.slotWait.at.IsZero() {
-					due = k.slotWait.at
-				}
-				if k.slotJob != nil {
-				} else if !now.Before(due) {
-					slotsDue = append(slotsDue, k)
-				} else {
-					next = earliest(next, due)
-				}
 			}
 		}
 		k.next = next
 		heap.Fix(&r.queue, 0)
 	}
-	r.dispatchLocked(now, leaseDue, slotsDue)
+	r.dispatchLocked(now, leaseDue, slotsDue, chained)
 	return reports
 }
 

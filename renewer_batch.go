@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"slices"
 	"time"
 )
 
@@ -18,7 +19,7 @@ const maxRenewBatch = 512
 // with a write in flight (a fenced Write, say) renews alone, on a goroutine
 // that waits for the token, so no batch ever waits for a token while
 // holding another. r.mu is held.
-func (r *Renewer) dispatchLocked(now time.Time, leaseDue, slotsDue []*Keeper) {
+func (r *Renewer) dispatchLocked(now time.Time, leaseDue, slotsDue, chained []*Keeper) {
 	if r.sem == nil {
 		r.sem = make(chan struct{}, maxInFlight)
 		r.batches = map[*batchJob]struct{}{}
@@ -51,20 +52,29 @@ func (r *Renewer) dispatchLocked(now time.Time, leaseDue, slotsDue []*Keeper) {
 		}
 	}
 	for _, k := range singles {
-		r.startLeaseLocked(k, now)
+		r.startLeaseLocked(k, now, slices.Contains(chained, k))
+	}
+	for _, k := range chained {
+		if k.slotJob == nil { // its lease went into a batch: renew the slots alone
+			r.startSlotsLocked(k, now)
+		}
 	}
 	for _, k := range slotsDue {
 		r.startSlotsLocked(k, now)
 	}
 }
 
-// startLeaseLocked starts renewing k's lease alone. r.mu is held.
-func (r *Renewer) startLeaseLocked(k *Keeper, now time.Time) {
+// startLeaseLocked starts renewing k's lease alone, and with slots its
+// slots right after, in the same job. r.mu is held.
+func (r *Renewer) startLeaseLocked(k *Keeper, now time.Time, slots bool) {
 	st := k.lease.state()
 	deadline := k.trustEnd(st, now)
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(k.parent), deadline)
 	j := &job{cancel: cancel, done: make(chan struct{}), timeLeft: deadline.Sub(now)}
 	k.leaseJob = j
+	if slots {
+		k.slotJob = j
+	}
 	r.jobs.Add(1)
 	go func() {
 		defer r.jobs.Done()
@@ -72,9 +82,16 @@ func (r *Renewer) startLeaseLocked(k *Keeper, now time.Time) {
 		defer cancel()
 		start := time.Now()
 		err := r.takeSem(ctx)
+		var slotErr error
 		if err == nil {
 			err = k.lease.renewUnlessRenewed(ctx, st.trustFrom)
+			if slots && err == nil {
+				slotErr = k.slots.renewKept(ctx)
+			}
 			<-r.sem
+		}
+		if slots {
+			r.finishSlots(k, j, slotErr)
 		}
 		r.finishLease(k, j, start, err)
 	}()
@@ -189,23 +206,29 @@ func (r *Renewer) startSlotsLocked(k *Keeper, now time.Time) {
 			err = k.slots.renewKept(ctx)
 			<-r.sem
 		}
-		if err != nil {
-			k.o.logger.Debug("runlease: slot renewal failed; retrying", "run", k.lease.runID, "err", err)
-		}
-		r.mu.Lock()
-		if k.slotJob == j {
-			k.slotJob = nil
-		}
-		if k.err == nil {
-			if err != nil {
-				k.slotWait.after(time.Now(), k.o.interval)
-			} else {
-				k.slotWait = retry{}
-			}
-			r.rescheduleLocked(k)
-		}
-		r.mu.Unlock()
+		r.finishSlots(k, j, err)
 	}()
+}
+
+// finishSlots records the outcome of a renewal of k's slots in job j:
+// a retry after a fault, the schedule after a success.
+func (r *Renewer) finishSlots(k *Keeper, j *job, err error) {
+	if err != nil {
+		k.o.logger.Debug("runlease: slot renewal failed; retrying", "run", k.lease.runID, "err", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if k.slotJob == j {
+		k.slotJob = nil
+	}
+	if k.err == nil {
+		if err != nil {
+			k.slotWait.after(time.Now(), k.o.interval)
+		} else {
+			k.slotWait = retry{}
+		}
+		r.rescheduleLocked(k)
+	}
 }
 
 // rescheduleLocked makes the loop look at k at once. r.mu is held.

@@ -34,8 +34,8 @@ const (
 	demoMemLimit       = 2
 	demoPrincipalLimit = 1
 	// demoKeepInterval is how often, in real time, the demo's keepers
-	// renew: often, so that each simulated step waits only a few ms.
-	demoKeepInterval = 20 * time.Millisecond
+	// renew: as often as a keeper may, so each simulated step waits little.
+	demoKeepInterval = runlease.MinKeepInterval
 	// demoStepTimeout bounds the real wait for a keeper's renewal.
 	demoStepTimeout = 10 * time.Second
 	// demoDuration is the scenario's length in simulated time.

@@ -112,7 +112,7 @@ func (d *demo) stall(a *driver) error {
 		a.name, d.rel(a.lease.Expiry()))
 	d.say("%s stalls (a long GC pause, a frozen VM) and stops renewing", a.name)
 	d.until(40 * time.Second)
-	info, err := runlease.Peek(d.ctx, d.store, "nightly-report", d.opts()...)
+	info, err := runlease.Peek(d.ctx, d.store, "nightly-report", runlease.WithClock(d.clock.Now))
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,7 @@ func checkTimeline(t *testing.T, out string) {
 	for _, re := range []string{
 		`(?m)^t\+0s\s+driver-a \(reports#node-a\) acquires run nightly-report: fence 1`,
 		`(?m)^t\+5s\s+driver-b \(reports#node-b\) tries run nightly-report: refused$`,
-		`(?m)^\s+RUN-E021: lease on run "nightly-report" lost: held by another holder \(holder "reports#node-a", fence 1`,
+		`(?m)^\s+RUN-E021: run "nightly-report" is held by another holder \(holder "reports#node-a", fence 1`,
 		`(?m)^\s+takeover possible at t\+30s, in 25s$`,
 		`(?m)^t\+41s\s+driver-b \(reports#node-b\) acquires run nightly-report: fence 2`,
 		`(?m)^\s+a takeover: fence 2 is higher than driver-a's fence 1$`,
