@@ -14,7 +14,14 @@ import (
 // fault classifies an error of pgx. sent is false when the statement never
 // left (the connection could not be taken), so nothing can have changed; a
 // write that may have reached the server is Unknown unless the server
-// answered with an ERROR, which rolls the autocommit statement back.
+// answered with an ERROR, which rolls the call's implicit transaction back.
+//
+// A call whose ctx has ended gives up: its error matches ctx's with
+// errors.Is and is never Retryable, whatever the driver made of the end of
+// ctx. That matters with pgx's CancelRequestContextWatcherHandler, which
+// asks the server to cancel the statement: the server then answers with an
+// ERROR (57014, query_canceled), which says the write was rolled back (not
+// Unknown) but not that the caller gave up.
 func (s *PostgresStore) fault(ctx context.Context, op, key string, write, sent bool, err error) error {
 	var pgErr *pgconn.PgError
 	isPg := errors.As(err, &pgErr)
@@ -27,8 +34,9 @@ func (s *PostgresStore) fault(ctx context.Context, op, key string, write, sent b
 	if !sent && s.closed.Load() {
 		return ErrStoreClosed
 	}
-	if cerr := ctx.Err(); cerr != nil && !isPg && !errors.Is(err, cerr) {
-		err = fmt.Errorf("%w (%w)", err, cerr) // the context caused it: keep it matchable
+	cerr := ctx.Err()
+	if cerr != nil && !errors.Is(err, cerr) {
+		err = fmt.Errorf("%w (%w)", err, cerr) // the end of ctx caused it: keep it matchable
 	}
 	se := &StorageError{Op: op, Key: key, Err: s.redact(err)}
 	switch {
@@ -41,8 +49,9 @@ func (s *PostgresStore) fault(ctx context.Context, op, key string, write, sent b
 		se.Retryable = true
 	default:
 		se.Unknown = write && sent && !pgconn.SafeToRetry(err)
-		se.Retryable = ctx.Err() == nil && netTransient(err)
+		se.Retryable = netTransient(err)
 	}
+	se.Retryable = se.Retryable && cerr == nil
 	return se
 }
 
