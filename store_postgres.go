@@ -2,7 +2,6 @@ package runlease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -37,13 +36,13 @@ WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum`
 )
 
-// pgMode sends every statement with the extended protocol and no prepared
-// statement: Parse, Bind, Describe, Execute and Sync leave in one write and
-// the reply ends with one ReadyForQuery, so each Store call is one round
-// trip, on a fresh connection too (the default mode prepares first, which
-// costs a second round trip per connection), and works behind transaction
-// pooling proxies. Every parameter is a string, whose type the server infers
-// from the column it is compared with.
+// pgMode is how the store sends the statements that are not calls of the
+// Store (the schema check at open, the clock's samples): with the extended
+// protocol and no prepared statement, so that each is one round trip on a
+// fresh connection too (the default mode prepares first, which costs a
+// second round trip per connection), and works behind transaction pooling
+// proxies. The calls themselves go through send, which does the same for
+// several statements at once.
 const pgMode = pgx.QueryExecModeExec
 
 // DefaultPostgresTable is the table a [PostgresStore] uses unless
@@ -79,23 +78,33 @@ func WithCreateTable(create bool) PostgresOption {
 }
 
 // PostgresStore is the shared [Store]: one table in PostgreSQL that any
-// number of nodes use at once. Each call is one statement in autocommit mode
-// (READ COMMITTED), so a conditional write is atomic on its own row: MetaCAS
+// number of nodes use at once. Each call is one implicit transaction at
+// READ COMMITTED, so a conditional write is atomic on its own row: MetaCAS
 // is an INSERT … ON CONFLICT DO NOTHING or an UPDATE whose WHERE clause
-// holds the expected value, and MetaDelete a DELETE of the same kind.
+// holds the expected value, and MetaDelete a DELETE of the same kind. A
+// write's commit waits until its WAL is flushed. The store pins both for
+// its own transactions, whatever the role, the database or the connection
+// defaults to (default_transaction_isolation, synchronous_commit), without
+// changing the connection's settings: a losing racer gets false, nil, not a
+// serialization failure, and an acknowledged write survives a crash of the
+// server.
 //
-// Each call is one round trip on a connection of the pool (see pgx's
-// QueryExecModeExec). pgxpool may ping a connection that sat idle for more
-// than a second before handing it out; that check precedes the statement,
-// and a connection that fails it is replaced.
+// Each call is one round trip on a connection of the pool: its statements,
+// led by the pins, leave in one write with one Sync, and nothing is
+// prepared. pgxpool may ping a connection that sat idle for more than a
+// second before handing it out; that check precedes the call, and a
+// connection that fails it is replaced.
 //
 // Faults are [*StorageError] values wrapping pgx's error. A write whose
 // statement may have reached the server before the fault (a timeout, a
 // cancelled context or a dropped connection after sending, or a FATAL error
 // from the server) is reported with Unknown set; a refused connection or an
-// ERROR from the server, after which the statement was rolled back, is not.
-// A context's error stays reachable with [errors.Is], and no message carries
-// the password of the pool's configuration.
+// ERROR from the server, after which the call's transaction was rolled
+// back, is not. When the call's context has ended, the error matches the
+// context's error with [errors.Is] and is not Retryable, however pgx
+// handled the end (by cutting the connection, or by a cancel request that
+// the server answers with an ERROR). No message carries the password of the
+// pool's configuration.
 //
 // It needs PostgreSQL 12 or later. A PostgresStore is safe for concurrent
 // use.
@@ -236,11 +245,11 @@ func (s *PostgresStore) MetaGet(ctx context.Context, key string) (string, bool, 
 		return "", false, err
 	}
 	var v string
-	found := true
+	var found bool
 	err := s.do(ctx, "MetaGet", key, false, func(c *pgx.Conn) error {
-		err := c.QueryRow(ctx, s.q.get, pgMode, key).Scan(&v)
-		if errors.Is(err, pgx.ErrNoRows) {
-			found, err = false, nil
+		res, err := send(ctx, c, false, pgStmt{s.q.get, []any{key}})
+		if err == nil && len(res[0].Rows) == 1 {
+			v, found = string(res[0].Rows[0][0]), true
 		}
 		return err
 	})
@@ -286,20 +295,20 @@ func (s *PostgresStore) MetaScan(ctx context.Context, prefix string) ([]Row, err
 	if err := CheckPrefix(prefix); err != nil {
 		return nil, err
 	}
-	var out []Row
+	st := pgStmt{s.q.scanOpen, []any{prefix}}
+	if end, ok := PrefixEnd(prefix); ok {
+		st = pgStmt{s.q.scan, []any{prefix, end}}
+	}
+	out := []Row{}
 	err := s.do(ctx, "MetaScan", prefix, false, func(c *pgx.Conn) error {
-		var rows pgx.Rows
-		var err error
-		if end, ok := PrefixEnd(prefix); ok {
-			rows, err = c.Query(ctx, s.q.scan, pgMode, prefix, end)
-		} else {
-			rows, err = c.Query(ctx, s.q.scanOpen, pgMode, prefix)
-		}
+		res, err := send(ctx, c, false, st)
 		if err != nil {
 			return err
 		}
-		out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Row])
-		return err
+		for _, r := range res[0].Rows {
+			out = append(out, Row{Key: string(r[0]), Value: string(r[1])})
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -329,8 +338,10 @@ func (s *PostgresStore) neverMatches(ctx context.Context, op, key string) (bool,
 func (s *PostgresStore) exec(ctx context.Context, op, key, sql string, args ...any) (bool, error) {
 	var n int64
 	err := s.do(ctx, op, key, true, func(c *pgx.Conn) error {
-		tag, err := c.Exec(ctx, sql, append([]any{pgMode}, args...)...)
-		n = tag.RowsAffected()
+		res, err := send(ctx, c, true, pgStmt{sql, args})
+		if err == nil {
+			n = res[0].CommandTag.RowsAffected()
+		}
 		return err
 	})
 	return n == 1, err

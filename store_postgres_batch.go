@@ -9,11 +9,11 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // A batch is two statements sent together in one round trip, which Postgres
-// runs as one implicit transaction (the extended protocol's single Sync).
+// runs as one implicit transaction (the extended protocol's single Sync),
+// after the pins of every write (see send).
 //
 // The first inserts a placeholder row for every key of the batch that is
 // absent, so that a concurrent insert of that key waits for this
@@ -84,34 +84,18 @@ func (s *PostgresStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (
 		Err: errors.New("rows of the batch kept being deleted by other writers")}
 }
 
-// sendBatch sends both statements in one write, ending in one Sync, and
-// reads the verdict. pgx's own batches would follow the connection's
-// default mode, which may prepare first (a second round trip), so the
-// parameters are encoded here and sent with the unnamed statement.
+// sendBatch sends both statements and reads the verdict.
 func (s *PostgresStore) sendBatch(ctx context.Context, c *pgx.Conn, args []any) (ok, complete bool, err error) {
-	var hold, apply pgx.ExtendedQueryBuilder
-	if err := hold.Build(c.TypeMap(), nil, []any{args[0], args[7]}); err != nil {
-		return false, false, err
-	}
-	if err := apply.Build(c.TypeMap(), nil, args); err != nil {
-		return false, false, err
-	}
-	batch := &pgconn.Batch{}
-	batch.ExecParams(s.q.batchHold, hold.ParamValues, nil, hold.ParamFormats, nil)
-	batch.ExecParams(s.q.batchApply, apply.ParamValues, nil, apply.ParamFormats, nil)
-	results, err := c.PgConn().ExecBatch(ctx, batch).ReadAll()
+	res, err := send(ctx, c, true,
+		pgStmt{s.q.batchHold, []any{args[0], args[7]}},
+		pgStmt{s.q.batchApply, args})
 	if err != nil {
 		return false, false, err
 	}
-	for _, r := range results {
-		if r.Err != nil {
-			return false, false, r.Err
-		}
-	}
-	if len(results) != 2 || len(results[1].Rows) != 1 || len(results[1].Rows[0]) != 2 {
+	if len(res[1].Rows) != 1 || len(res[1].Rows[0]) != 2 {
 		return false, false, errors.New("unexpected reply to a batch")
 	}
-	row := results[1].Rows[0]
+	row := res[1].Rows[0]
 	return string(row[0]) == "t", string(row[1]) == "t", nil
 }
 

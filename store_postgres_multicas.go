@@ -24,7 +24,8 @@ const pgCASMany = `WITH w AS (
 )
 SELECT key FROM upd UNION ALL SELECT key FROM ins`
 
-// MetaCASMany implements [MultiCASer] in one statement and one round trip.
+// MetaCASMany implements [MultiCASer] in one statement and one round trip,
+// after the pins of every write (see send).
 func (s *PostgresStore) MetaCASMany(ctx context.Context, writes []CASWrite) ([]bool, error) {
 	if s.closed.Load() {
 		return nil, ErrStoreClosed
@@ -50,19 +51,13 @@ func (s *PostgresStore) MetaCASMany(ctx context.Context, writes []CASWrite) ([]b
 		return swapped, nil
 	}
 	err := s.do(ctx, "MetaCASMany", "", true, func(c *pgx.Conn) error {
-		rows, err := c.Query(ctx, s.q.casMany, pgMode, keys, expected, values, absent)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var k string
-			if err := rows.Scan(&k); err != nil {
-				return err
+		res, err := send(ctx, c, true, pgStmt{s.q.casMany, []any{keys, expected, values, absent}})
+		if err == nil {
+			for _, r := range res[0].Rows {
+				swapped[at[string(r[0])]] = true
 			}
-			swapped[at[k]] = true
 		}
-		return rows.Err()
+		return err
 	})
 	if err != nil {
 		return nil, err

@@ -604,6 +604,15 @@ func TestPostgresEachCallIsOneRoundTrip(t *testing.T) {
 		{"MetaScan", func() error { _, err := s.MetaScan(t.Context(), "k"); return err }},
 		{"MetaScan_all", func() error { _, err := s.MetaScan(t.Context(), ""); return err }},
 		{"MetaDelete", func() error { _, err := s.MetaDelete(t.Context(), "k", big); return err }},
+		{"MetaCASNotify", func() error { _, err := s.MetaCASNotify(t.Context(), "n", nil, "v"); return err }},
+		{"MetaBatch", func() error {
+			_, err := s.MetaBatch(t.Context(), []runlease.Cond{runlease.IfAbsent("b")}, []runlease.Op{runlease.Put("b", "v")})
+			return err
+		}},
+		{"MetaCASMany", func() error {
+			_, err := s.MetaCASMany(t.Context(), []runlease.CASWrite{{Key: "n", Expected: strptr("v"), Value: "w"}, {Key: "m", Value: "v"}})
+			return err
+		}},
 	}
 	for _, c := range calls {
 		before := writes.Load()
