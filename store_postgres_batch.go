@@ -2,11 +2,13 @@ package runlease
 
 import (
 	"context"
-	"crypto/rand"
+	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -15,18 +17,27 @@ import (
 // runs as one implicit transaction (the extended protocol's single Sync),
 // after the pins of every write (see send).
 //
-// The first inserts a placeholder row for every key of the batch that is
-// absent, so that a concurrent insert of that key waits for this
-// transaction. The second locks every key's row (FOR UPDATE, in key order),
-// checks the conditions against the locked rows — a placeholder stands for
-// absence — and only if all hold, and every key's row was there to lock,
-// applies the ops; it removes the placeholders left over in any case. A row
-// deleted by another transaction while this one waited for its lock leaves
-// the batch incomplete: it writes nothing and is retried.
+// The first takes every key of the batch, one key after another in key
+// order: it locks the key's row, or, when the key is absent, inserts a
+// placeholder row, so that a concurrent insert of that key waits for this
+// transaction. ON CONFLICT DO UPDATE is what locks an existing row, and its
+// WHERE false keeps the row as it is; it waits for a concurrent writer of
+// the row, and if that writer deleted it, tries the key again, inserting or
+// locking whatever is there now. So the first statement ends holding every
+// key, and since every writer of several keys takes them in key order, no
+// two wait for each other in a cycle.
+//
+// The second reads every key's row (its own locks: it never waits), checks
+// the conditions against them — a placeholder stands for absence — and only
+// if all hold applies the ops; it removes the placeholders left over in any
+// case. It also reports whether every key's row was there: with every key
+// held that is always so, and a batch that found one missing, which would
+// take a server that breaks the locking above, wrote nothing and is tried
+// again.
 const (
-	pgBatchPlaceholders = `INSERT INTO %s (key, value)
+	pgBatchHold = `INSERT INTO %s AS t (key, value)
 SELECT k, $2 FROM unnest($1::text[]) AS u(k) ORDER BY k
-ON CONFLICT (key) DO NOTHING`
+ON CONFLICT (key) DO UPDATE SET value = t.value WHERE false`
 
 	pgBatchApply = `WITH locked AS (
 	SELECT key, value FROM %[1]s WHERE key = ANY($1::text[]) ORDER BY key FOR UPDATE
@@ -55,13 +66,21 @@ ON CONFLICT (key) DO NOTHING`
 SELECT ok, complete FROM ok, verdict`
 )
 
-// pgBatchRetries bounds how often a batch that found a row deleted under it
-// is tried again.
-const pgBatchRetries = 8
+// The pace of a batch tried again: the first pgBatchEagerTries follow at
+// once, later ones after a pause that doubles from pgBatchPauseMin up to
+// pgBatchPauseMax, with jitter so that batches that keep meeting each
+// other fall out of step.
+const (
+	pgBatchEagerTries = 3
+	pgBatchPauseMin   = time.Millisecond
+	pgBatchPauseMax   = 50 * time.Millisecond
+)
 
 // MetaBatch implements [Batcher] in one round trip: see the statements
-// above. A batch that keeps meeting concurrent deletes of its keys fails
-// after a few tries with a retryable [*StorageError] that changed nothing.
+// above. A batch is decided, applied or not, however contended its keys:
+// one that found a key's row missing wrote nothing and is tried again until
+// it is decided or ctx ends, when it fails with a [*StorageError] that
+// changed nothing and matches ctx's error.
 func (s *PostgresStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (bool, error) {
 	if s.closed.Load() {
 		return false, ErrStoreClosed
@@ -70,7 +89,8 @@ func (s *PostgresStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (
 		return false, err
 	}
 	args := pgBatchArgs(conds, ops)
-	for range pgBatchRetries {
+	pause := pgBatchPauseMin
+	for try := 1; ; try++ {
 		var ok, complete bool
 		err := s.do(ctx, "MetaBatch", "", true, func(c *pgx.Conn) (err error) {
 			ok, complete, err = s.sendBatch(ctx, c, args)
@@ -79,9 +99,26 @@ func (s *PostgresStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (
 		if err != nil || complete {
 			return ok && err == nil, err
 		}
+		if try < pgBatchEagerTries {
+			continue
+		}
+		if err := pgPause(ctx, pause/2+rand.N(pause)); err != nil {
+			return false, s.fault(ctx, "MetaBatch", "", true, false, err)
+		}
+		pause = min(2*pause, pgBatchPauseMax)
 	}
-	return false, &StorageError{Op: "MetaBatch", Retryable: true,
-		Err: errors.New("rows of the batch kept being deleted by other writers")}
+}
+
+// pgPause waits for d or the end of ctx, whose error it returns.
+func pgPause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // sendBatch sends both statements and reads the verdict.
@@ -118,10 +155,18 @@ func pgBatchArgs(conds []Cond, ops []Op) []any {
 	}
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
+	return []any{keys, ck, cv, cabsent, ok, ov, odel, pgPlaceholder()}
+}
+
+// pgPlaceholder returns a value that no caller's row holds, to stand for an
+// absent key that a call holds: random, so no caller can guess it, and led
+// by a control character, which no value the library writes contains.
+// Placeholders never outlive the call's transaction, so no other session
+// ever reads one.
+func pgPlaceholder() string {
 	var token [16]byte
-	_, _ = rand.Read(token[:])
-	placeholder := "\x01runlease batch placeholder " + hex.EncodeToString(token[:])
-	return []any{keys, ck, cv, cabsent, ok, ov, odel, placeholder}
+	_, _ = crand.Read(token[:])
+	return "\x01runlease placeholder " + hex.EncodeToString(token[:])
 }
 
 func deref(p *string) string {
@@ -133,6 +178,6 @@ func deref(p *string) string {
 
 // formatBatch fills the table name into the batch statements.
 func formatBatch(q *pgQueries, table string) {
-	q.batchHold = fmt.Sprintf(pgBatchPlaceholders, table)
+	q.batchHold = fmt.Sprintf(pgBatchHold, table)
 	q.batchApply = fmt.Sprintf(pgBatchApply, table)
 }
