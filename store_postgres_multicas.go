@@ -3,29 +3,34 @@ package runlease
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// pgCASMany performs many independent conditional writes in one statement:
-// updates of rows that hold exactly their expected value, and inserts of
-// absent keys, returning the keys written. Each row is written or not on its
-// own, as by MetaCAS.
-const pgCASMany = `WITH w AS (
+// MetaCASMany is two statements in one round trip, as a batch is (see
+// pgBatchHold): the first takes every key in key order, locking its row or
+// holding the absent key with a placeholder, so that calls over overlapping
+// keys, in whatever order their callers list them, never wait for each
+// other in a cycle (a deadlock, 40P01, which the server would break by
+// failing one of them). The second, which then never waits, applies each
+// write whose key holds its expected value — a placeholder stands for
+// absence — and removes the placeholders left over, returning the keys
+// written. Each row is written or not on its own, as by MetaCAS.
+const pgCASManyApply = `WITH w AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[]) AS w(k, e, v, absent)
-), upd AS (
+), put AS (
 	UPDATE %[1]s t SET value = w.v FROM w
-	WHERE NOT w.absent AND t.key = w.k AND t.value = w.e
+	WHERE t.key = w.k AND t.value = CASE WHEN w.absent THEN $5 ELSE w.e END
 	RETURNING t.key
-), ins AS (
-	INSERT INTO %[1]s (key, value) SELECT k, v FROM w WHERE w.absent
-	ON CONFLICT (key) DO NOTHING
-	RETURNING key
+), gone AS (
+	DELETE FROM %[1]s t
+	WHERE t.key = ANY($1::text[]) AND t.value = $5 AND t.key NOT IN (SELECT key FROM put)
 )
-SELECT key FROM upd UNION ALL SELECT key FROM ins`
+SELECT key FROM put`
 
-// MetaCASMany implements [MultiCASer] in one statement and one round trip,
-// after the pins of every write (see send).
+// MetaCASMany implements [MultiCASer] in one round trip.
 func (s *PostgresStore) MetaCASMany(ctx context.Context, writes []CASWrite) ([]bool, error) {
 	if s.closed.Load() {
 		return nil, ErrStoreClosed
@@ -33,38 +38,46 @@ func (s *PostgresStore) MetaCASMany(ctx context.Context, writes []CASWrite) ([]b
 	if err := CheckCASMany(writes); err != nil {
 		return nil, err
 	}
-	keys := make([]string, 0, len(writes))
-	expected := make([]string, 0, len(writes))
-	values := make([]string, 0, len(writes))
-	absent := make([]bool, 0, len(writes))
-	at := make(map[string]int, len(writes))
-	for i, w := range writes {
+	sorted := make([]CASWrite, 0, len(writes))
+	for _, w := range writes {
 		if w.Expected != nil && CheckValue(*w.Expected) != nil {
 			continue // no row can hold it; the server would refuse the text
 		}
-		keys, values = append(keys, w.Key), append(values, w.Value)
-		expected, absent = append(expected, deref(w.Expected)), append(absent, w.Expected == nil)
-		at[w.Key] = i
+		sorted = append(sorted, w)
+	}
+	slices.SortFunc(sorted, func(a, b CASWrite) int { return strings.Compare(a.Key, b.Key) })
+	keys := make([]string, len(sorted))
+	expected := make([]string, len(sorted))
+	values := make([]string, len(sorted))
+	absent := make([]bool, len(sorted))
+	for i, w := range sorted {
+		keys[i], expected[i], values[i], absent[i] = w.Key, deref(w.Expected), w.Value, w.Expected == nil
+	}
+	written := map[string]bool{}
+	if len(keys) > 0 {
+		placeholder := pgPlaceholder()
+		err := s.do(ctx, "MetaCASMany", "", true, func(c *pgx.Conn) error {
+			res, err := send(ctx, c, true,
+				pgStmt{s.q.batchHold, []any{keys, placeholder}},
+				pgStmt{s.q.casMany, []any{keys, expected, values, absent, placeholder}})
+			if err == nil {
+				for _, r := range res[1].Rows {
+					written[string(r[0])] = true
+				}
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	swapped := make([]bool, len(writes))
-	if len(keys) == 0 {
-		return swapped, nil
-	}
-	err := s.do(ctx, "MetaCASMany", "", true, func(c *pgx.Conn) error {
-		res, err := send(ctx, c, true, pgStmt{s.q.casMany, []any{keys, expected, values, absent}})
-		if err == nil {
-			for _, r := range res[0].Rows {
-				swapped[at[string(r[0])]] = true
-			}
-		}
-		return err
-	})
-	if err != nil {
-		return nil, err
+	for i, w := range writes {
+		swapped[i] = written[w.Key]
 	}
 	return swapped, nil
 }
 
 func formatCASMany(q *pgQueries, table string) {
-	q.casMany = fmt.Sprintf(pgCASMany, table)
+	q.casMany = fmt.Sprintf(pgCASManyApply, table)
 }
