@@ -23,10 +23,18 @@ const (
 	pgScan     = `SELECT key, value FROM %s WHERE key >= $1 AND key < $2 ORDER BY key`
 	pgScanOpen = `SELECT key, value FROM %s WHERE key >= $1 ORDER BY key`
 
-	// pgRelkind and pgColumns inspect an existing table. $1 is the sanitized
-	// name, which to_regclass resolves as the statements above do (through
-	// search_path when it has no schema); it is NULL when there is no table.
-	pgRelkind = `SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)`
+	// pgRelation and pgColumns inspect an existing table. $1 is the
+	// sanitized name, which to_regclass resolves as the statements above do
+	// (through search_path when it has no schema); there is no row when
+	// there is no such relation. pgRelation gives its kind, its persistence
+	// ('p' permanent, 'u' unlogged, 't' temporary), whether any partition of
+	// it is not permanent, and its schema-qualified name, quoted.
+	pgRelation = `SELECT c.relkind::text, c.relpersistence::text,
+	EXISTS (SELECT 1 FROM pg_partition_tree(c.oid) p JOIN pg_class pc ON pc.oid = p.relid
+		WHERE pc.relpersistence <> 'p'),
+	format('%I.%I', n.nspname, c.relname)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass($1)`
 	pgColumns = `SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull,
 	coalesce(co.collname::text, ''), coalesce(co.collisdeterministic, true),
 	EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary
@@ -168,8 +176,11 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...PostgresOption) (*Pos
 // created when absent, unless WithCreateTable(false), and safely so when
 // several nodes open it at once. An existing table must have exactly the
 // columns key (text COLLATE "C", the primary key) and value (text NOT NULL,
-// with a deterministic collation); otherwise NewPostgres returns a
-// [*SchemaError] naming the problem. On failure nothing else is left behind.
+// with a deterministic collation), and be a permanent table, in every
+// partition: an UNLOGGED table, which a crash of the server empties so that
+// fences would start again at 1, or a TEMPORARY one, private to one
+// connection, is refused. Otherwise NewPostgres returns a [*SchemaError]
+// naming the problem. On failure nothing else is left behind.
 func NewPostgres(ctx context.Context, pool *pgxpool.Pool, opts ...PostgresOption) (*PostgresStore, error) {
 	if pool == nil {
 		return nil, invalidArg("pool", "nil")
@@ -211,7 +222,7 @@ func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned 
 	s.q.insertNotify = fmt.Sprintf(pgInsertNotify, t)
 	s.q.updateNotify = fmt.Sprintf(pgUpdateNotify, t)
 	s.channel = pgChannel(t)
-	if err := s.prepareTable(ctx, op, t, o.create); err != nil {
+	if _, err := s.prepareTable(ctx, op, t, o.create); err != nil {
 		return nil, err
 	}
 	if err := s.startClock(ctx, o.local); err != nil {

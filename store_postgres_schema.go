@@ -47,8 +47,9 @@ func pgTableIdent(name string) (pgx.Identifier, error) {
 }
 
 // SchemaError reports that the store's table does not have the shape
-// [PostgresSchema] gives it, or, with WithCreateTable(false), does not
-// exist. The store never alters an existing table, so nothing was changed. It
+// [PostgresSchema] gives it (which includes being a permanent table, in
+// every partition: neither UNLOGGED nor TEMPORARY), or, with
+// WithCreateTable(false), does not exist. The store never alters an existing table, so nothing was changed. It
 // matches [ErrSchemaMismatch].
 type SchemaError struct {
 	Table   string // the table as given to WithTable
@@ -66,21 +67,21 @@ func (e *SchemaError) Code() string { return CodeSchemaMismatch }
 func (e *SchemaError) Is(target error) bool { return target == ErrSchemaMismatch }
 
 // prepareTable checks the table, creating it first when it is absent and
-// create is set.
-func (s *PostgresStore) prepareTable(ctx context.Context, op, table string, create bool) error {
+// create is set, and returns its schema-qualified name as resolved now.
+func (s *PostgresStore) prepareTable(ctx context.Context, op, table string, create bool) (string, error) {
 	for attempt := 0; ; attempt++ {
-		kind, problems, err := s.inspect(ctx, op, table)
+		rel, problems, err := s.inspect(ctx, op, table)
 		switch {
 		case err != nil:
-			return err
-		case kind != "" && len(problems) > 0:
-			return &SchemaError{Table: s.table, Problem: strings.Join(problems, "; ")}
-		case kind != "":
-			return nil
+			return "", err
+		case rel.Kind != "" && len(problems) > 0:
+			return "", &SchemaError{Table: s.table, Problem: strings.Join(problems, "; ")}
+		case rel.Kind != "":
+			return rel.Name, nil
 		case !create:
-			return &SchemaError{Table: s.table, Problem: "table does not exist (create it with the statement of PostgresSchema)"}
+			return "", &SchemaError{Table: s.table, Problem: "table does not exist (create it with the statement of PostgresSchema)"}
 		case attempt == 3:
-			return &SchemaError{Table: s.table, Problem: "table is not visible after creating it (check search_path)"}
+			return "", &SchemaError{Table: s.table, Problem: "table is not visible after creating it (check search_path)"}
 		}
 		err = s.do(ctx, op, "", true, func(c *pgx.Conn) error {
 			_, err := send(ctx, c, true, pgStmt{fmt.Sprintf(pgSchema, table), nil})
@@ -93,18 +94,24 @@ func (s *PostgresStore) prepareTable(ctx context.Context, op, table string, crea
 		// winner commits. The table exists by then, so look again.
 		var pgErr *pgconn.PgError
 		if err != nil && !(errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710")) {
-			return err
+			return "", err
 		}
 	}
 }
 
-// inspect returns the table's relkind ("" when there is no such table) and
-// what is wrong with its shape.
-func (s *PostgresStore) inspect(ctx context.Context, op, table string) (string, []string, error) {
-	var kind string
+// pgRelationInfo is what pgRelation reads of a relation.
+type pgRelationInfo struct {
+	Kind, Persistence  string // "" when there is no such relation
+	PartitionNotLogged bool
+	Name               string
+}
+
+// inspect reads the relation that table names and what is wrong with it.
+func (s *PostgresStore) inspect(ctx context.Context, op, table string) (pgRelationInfo, []string, error) {
+	var rel pgRelationInfo
 	var problems []string
 	err := s.do(ctx, op, "", false, func(c *pgx.Conn) error {
-		err := c.QueryRow(ctx, pgRelkind, pgMode, table).Scan(&kind)
+		err := c.QueryRow(ctx, pgRelation, pgMode, table).Scan(&rel.Kind, &rel.Persistence, &rel.PartitionNotLogged, &rel.Name)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -116,10 +123,29 @@ func (s *PostgresStore) inspect(ctx context.Context, op, table string) (string, 
 			return err
 		}
 		cols, err := pgx.CollectRows(rows, pgx.RowToStructByPos[pgColumn])
-		problems = shapeProblems(kind, cols)
+		problems = append(relationProblems(rel), shapeProblems(cols)...)
 		return err
 	})
-	return kind, problems, err
+	return rel, problems, err
+}
+
+// relationProblems says what is wrong with the relation itself: it must be
+// a table whose rows survive a crash of the server and outlive the session.
+func relationProblems(rel pgRelationInfo) []string {
+	var p []string
+	if rel.Kind != "r" && rel.Kind != "p" {
+		p = append(p, fmt.Sprintf("relation is not a table (relkind %q)", rel.Kind))
+	}
+	switch rel.Persistence {
+	case "u":
+		p = append(p, "table is unlogged: a crash of the server empties it, and every run's fence would start again at 1 (ALTER TABLE … SET LOGGED)")
+	case "t":
+		p = append(p, "table is temporary: it belongs to one connection and goes with it, and it shadows a permanent table of the name")
+	}
+	if rel.PartitionNotLogged {
+		p = append(p, "a partition of the table is unlogged or temporary: a crash of the server empties it, and fences would start again at 1")
+	}
+	return p
 }
 
 type pgColumn struct {
@@ -130,11 +156,9 @@ type pgColumn struct {
 	PrimaryKey    bool
 }
 
-func shapeProblems(kind string, cols []pgColumn) []string {
+// shapeProblems says what is wrong with the table's columns.
+func shapeProblems(cols []pgColumn) []string {
 	var p []string
-	if kind != "r" && kind != "p" {
-		p = append(p, fmt.Sprintf("relation is not a table (relkind %q)", kind))
-	}
 	seen := map[string]bool{}
 	for _, c := range cols {
 		seen[c.Name] = true
