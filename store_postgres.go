@@ -123,7 +123,7 @@ type PostgresStore struct {
 	secret  string // the password of the pool's config, kept out of messages
 	q       pgQueries
 	clock   *pgClock
-	channel string // the table's LISTEN/NOTIFY channel
+	channel string // the table's LISTEN/NOTIFY channel, from its resolved name
 	listen  pgListener
 	closed  atomic.Bool
 }
@@ -221,10 +221,11 @@ func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned 
 	formatCASMany(&s.q, t)
 	s.q.insertNotify = fmt.Sprintf(pgInsertNotify, t)
 	s.q.updateNotify = fmt.Sprintf(pgUpdateNotify, t)
-	s.channel = pgChannel(t)
-	if _, err := s.prepareTable(ctx, op, t, o.create); err != nil {
+	resolved, err := s.prepareTable(ctx, op, t, o.create)
+	if err != nil {
 		return nil, err
 	}
+	s.channel = pgChannel(resolved)
 	if err := s.startClock(ctx, o.local); err != nil {
 		return nil, err
 	}

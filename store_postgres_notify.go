@@ -23,7 +23,12 @@ const (
 const pgListenRetry = time.Second
 
 // pgChannel is the notification channel of a table: one per table, so that
-// stores on other tables of the same database do not wake each other.
+// stores on other tables of the same database do not wake each other. table
+// is the schema-qualified name that the store's table name resolved to at
+// open, not the name as written, so that stores naming one table
+// differently (with or without its schema) share its channel and wake each
+// other. A hash keeps the channel a short identifier; two tables whose
+// hashes collide would only wake each other's waiters for a re-read.
 func pgChannel(table string) string {
 	h := fnv.New64a()
 	h.Write([]byte(table))

@@ -60,14 +60,20 @@ func TestAcquireWait(t *testing.T) {
 		t.Parallel()
 		dsn := pgtest.DSN(t)
 		table := pgtest.NewTable(t, pgtest.Pool(t))
-		holderNode, waiterNode := openPG(t, dsn, table), openPG(t, dsn, table)
+		// The nodes name the table differently: they must share its channel.
+		holderNode := openPG(t, dsn, table)
+		waiterNode := readSignal{openPG(t, dsn, "public."+table), make(chan string, 16)}
 		a, err := runlease.Acquire(t.Context(), holderNode, "r1", "A")
 		require.NoError(t, err)
+		// The listener is up before the waiter's first read, and the poll is
+		// an hour away: once the waiter has seen A's live lease, only a
+		// notification of r1 can wake it within the test.
+		otherKey := listening(t, waiterNode.PostgresStore, runlease.LeasePrefix+"r2")
 		done := waitFor(t.Context(), waiterNode, "r1", "B", hour)
-		// No pause for the waiter to subscribe: a release that comes before
-		// its LISTEN takes effect is caught by the re-read that follows it.
+		awaitRead(t, waiterNode, runlease.LeasePrefix+"r1")
 		require.NoError(t, a.Release(t.Context()))
 		requireWoken(t, done)
+		requireNoWake(t, otherKey, "a waiter of another run")
 	})
 
 	t.Run("a_force_release_wakes_a_waiter", func(t *testing.T) {
