@@ -8,7 +8,7 @@ import (
 // MultiCASer is an optional capability of a Store: many independent
 // conditional writes in one call, each applied or not on its own, as MetaCAS
 // would. A [Renewer] uses it to renew many leases in one round trip (one
-// statement on Postgres, one transaction on SQLite), so that one process can
+// batch of two statements on Postgres, one transaction on SQLite), so that one process can
 // keep a hundred thousand leases alive.
 type MultiCASer interface {
 	// MetaCASMany performs every write in writes and reports, for each,
