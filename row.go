@@ -1,12 +1,8 @@
 package runlease
 
 import (
-	"encoding/json"
-	"errors"
-	"fmt"
 	"strconv"
 	"time"
-	"unicode/utf8"
 )
 
 // leaseRow is the stored form of a lease or a slot, wire-compatible with
@@ -67,48 +63,4 @@ func appendJSONString(b []byte, s string) []byte {
 		}
 	}
 	return append(b, '"')
-}
-
-// decodeRow parses a stored row as the reference does with serde's
-// `default`: missing fields are zero, unknown fields are ignored, and a
-// field of the wrong type (null included), a negative or fractional fence,
-// or anything that is not one JSON object is an error. The caller turns the
-// error into a [CorruptRowError]; a row that does not parse is never
-// treated as free.
-func decodeRow(raw string) (leaseRow, error) {
-	var r leaseRow
-	if !utf8.ValidString(raw) {
-		return r, errors.New("not valid UTF-8")
-	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(raw), &fields); err != nil {
-		return r, err
-	}
-	if fields == nil {
-		return r, errors.New("not a JSON object")
-	}
-	if err := decodeField(fields, "holder", &r.Holder); err != nil {
-		return r, err
-	}
-	if err := decodeField(fields, "fence", &r.Fence); err != nil {
-		return r, err
-	}
-	if err := decodeField(fields, "until_ms", &r.UntilMS); err != nil {
-		return r, err
-	}
-	return r, nil
-}
-
-func decodeField(fields map[string]json.RawMessage, name string, dst any) error {
-	raw, ok := fields[name]
-	if !ok {
-		return nil
-	}
-	if string(raw) == "null" {
-		return fmt.Errorf("field %s is null", name)
-	}
-	if err := json.Unmarshal(raw, dst); err != nil {
-		return fmt.Errorf("field %s: %w", name, err)
-	}
-	return nil
 }
