@@ -29,7 +29,8 @@ type cli struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	isTerminal     func(stream any) bool
-	secrets        []string // passwords found in DSNs: never printed
+	secrets        []string          // passwords found in DSNs: never printed
+	dsns           *strings.Replacer // the DSNs of the command line, by the names printed instead
 }
 
 func newCLI(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) *cli {

@@ -4,14 +4,27 @@ import (
 	"io"
 	"net/url"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/areev/runlease"
 )
 
-// Passwords never reach the terminal. Every byte the command prints goes
-// through a redactingWriter, which rewrites the password part of anything
-// shaped like a DSN (postgres://user:PASSWORD@…, password=PASSWORD) and every
-// password found up front in the command line and $RUNLEASE_POSTGRES,
-// wherever it appears (a driver's error may quote it without its DSN).
+// Passwords never reach the terminal. A Postgres store is named from the
+// configuration pgx parses out of its DSN (postgresName), never from the
+// DSN's text. Every byte the command prints goes through a redactingWriter,
+// which
+//
+//  1. replaces every DSN of the command line and of $RUNLEASE_POSTGRES,
+//     where it appears whole (a usage error quotes a misplaced argument), by
+//     its postgresName, or by a placeholder when pgx does not parse it;
+//  2. rewrites the password part of anything else shaped like a DSN
+//     (postgres://user:PASSWORD@…, password=PASSWORD);
+//  3. removes every password found in those DSNs, above all the one pgx
+//     parses, wherever it appears (a driver's error may quote it alone).
 
 const redacted = "xxxxx"
 
@@ -29,12 +42,44 @@ var (
 // are still removed from anything shaped like a DSN.
 const minSecretLen = 3
 
-// collectSecrets remembers the passwords of every DSN in args and in the
-// environment, before anything is printed.
+// collectSecrets remembers the DSNs and passwords of args and of the
+// environment, before anything is printed: the password pgx parses (which
+// may also come from $PGPASSWORD or a password file) in the spellings a URL
+// or a quoted string would give it, and whatever the patterns find.
 func (c *cli) collectSecrets(args []string) {
+	var whole []string // old, new pairs for strings.NewReplacer
 	for _, s := range append(args, c.getenv(envPostgres)) {
-		c.secrets = append(c.secrets, dsnPasswords(s)...)
+		cfg, err := pgconn.ParseConfig(s)
+		switch {
+		case err == nil && cfg.Password != "":
+			p := cfg.Password
+			c.secrets = append(c.secrets, p, url.PathEscape(p), url.QueryEscape(p), quoted(p))
+			name := postgresName(s, runlease.DefaultPostgresTable)
+			whole = append(whole, s, name, quoted(s), name)
+		case err != nil && dsnLike(s):
+			whole = append(whole, s, unparsedDSN, quoted(s), unparsedDSN)
+		}
+		for _, p := range dsnPasswords(s) {
+			c.secrets = append(c.secrets, p, quoted(p))
+		}
 	}
+	c.dsns = strings.NewReplacer(whole...)
+}
+
+// unparsedDSN stands for a DSN that pgx does not parse.
+const unparsedDSN = "postgres (the DSN does not parse)"
+
+// dsnLike reports whether s looks like a DSN that may hold a password: a
+// postgres URL, or text that names a password.
+func dsnLike(s string) bool {
+	l := strings.ToLower(s)
+	return strings.HasPrefix(l, "postgres://") || strings.HasPrefix(l, "postgresql://") || strings.Contains(l, "password")
+}
+
+// quoted is s as it appears inside the quotes of %q.
+func quoted(s string) string {
+	q := strconv.Quote(s)
+	return q[1 : len(q)-1]
 }
 
 // dsnPasswords returns the passwords in s, as written and decoded.
@@ -61,14 +106,67 @@ func dsnPasswords(s string) []string {
 
 // redact removes passwords from s.
 func (c *cli) redact(s string) string {
+	if c.dsns != nil {
+		s = c.dsns.Replace(s)
+	}
 	s = userinfoPassword.ReplaceAllString(s, "${1}"+redacted+"${3}")
 	s = keyPassword.ReplaceAllString(s, "${1}"+redacted)
-	for _, p := range c.secrets {
-		if len(p) >= minSecretLen {
-			s = strings.ReplaceAll(s, p, redacted)
+	return maskSecrets(s, c.secrets)
+}
+
+// maskSecrets replaces every secret of at least minSecretLen bytes in s. A
+// mask can join with the text around it into a secret again (a password
+// "axx" in "aaxx"), so it repeats until none is left, and withholds s
+// entirely if that does not settle.
+func maskSecrets(s string, secrets []string) string {
+	for range 4 {
+		clean := true
+		for _, p := range secrets {
+			if len(p) >= minSecretLen && strings.Contains(s, p) {
+				s, clean = strings.ReplaceAll(s, p, redacted), false
+			}
+		}
+		if clean {
+			return s
 		}
 	}
-	return s
+	return "(withheld: the text contains a password)"
+}
+
+// postgresName names the Postgres store of dsn, and its table unless it is
+// the default, for messages and status's "store" field:
+// postgres://USER@HOST:PORT[,HOST:PORT…]/DATABASE. It is built from the
+// configuration pgx parses (so the PG* environment's defaults count, as
+// they do when connecting), never by rewriting the DSN's text, which may
+// spell a password in ways no pattern foresees. A password that happens to
+// be part of the name (as the user name, say) is masked.
+func postgresName(dsn, table string) string {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return "postgres (the DSN does not parse)"
+	}
+	var hosts []string
+	add := func(host string, port uint16) {
+		switch {
+		case strings.HasPrefix(host, "/"):
+			host = url.PathEscape(host) // a socket directory, as libpq URIs write it
+		case strings.Contains(host, ":"):
+			host = "[" + host + "]"
+		}
+		h := host + ":" + strconv.Itoa(int(port))
+		if !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	add(cfg.Host, cfg.Port)
+	for _, f := range cfg.Fallbacks {
+		add(f.Host, f.Port)
+	}
+	name := "postgres://" + url.User(cfg.User).String() + "@" + strings.Join(hosts, ",") + "/" + url.PathEscape(cfg.Database)
+	if table != runlease.DefaultPostgresTable {
+		name += " table " + table
+	}
+	return maskSecrets(name, []string{cfg.Password})
 }
 
 // redactingWriter passes everything written through cli.redact.

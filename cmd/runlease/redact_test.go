@@ -43,29 +43,37 @@ func TestADSNInTheWrongPlaceIsRedactedToo(t *testing.T) {
 	t.Parallel()
 	r := runCLI(t, "status", secretDSN)
 	assert.Equal(t, exitUsage, r.code)
-	assert.Contains(t, r.stderr, `unexpected argument "postgres://root:xxxxx@127.0.0.1:1/test"`)
+	assert.Contains(t, r.stderr, `unexpected argument "postgres://root@127.0.0.1:1/test"`, "named as status names a store")
 	assert.NotContains(t, r.stderr, secretPW)
 
 	r = runCLI(t, "peek", "--postgres", secretDSN)
 	assert.Equal(t, exitUsage, r.code)
 	assert.NotContains(t, r.stderr, secretPW)
+
+	r = runCLI(t, "status", "--watch", "postgres://root:"+secretPW+"@h:1/d?port=x")
+	assert.Equal(t, exitUsage, r.code)
+	assert.Contains(t, r.stderr, `invalid value "postgres (the DSN does not parse)" for flag -watch`)
+	assert.NotContains(t, r.stderr, secretPW)
 }
 
 func TestRedact(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct{ dsn, in, want string }{
-		{secretDSN, "dial " + secretDSN, "dial postgres://root:xxxxx@127.0.0.1:1/test"},
-		{secretDSN, "the server said " + secretPW, "the server said xxxxx"},
-		{secretKV, secretKV, "host=127.0.0.1 port=1 user=root password=xxxxx dbname=test"},
-		{"password='a b\\'c' host=x", "quoted a b'c here", "quoted xxxxx here"},
-		{"postgres://u:p%40ss@h/d", "p@ss and p%40ss", "xxxxx and xxxxx"},
-		{"postgres://u:pw@h/d", "a short pw stays in prose", "a short pw stays in prose"},
-		{"postgres://u:pw@h/d", "postgres://u:pw@h/d", "postgres://u:xxxxx@h/d"},
-		{"postgres://u:p@ss@h/d", "dial postgres://u:p@ss@h/d: p@ss", "dial postgres://u:xxxxx@h/d: xxxxx"},
+	for _, tc := range []struct{ name, dsn, in, want string }{
+		{"a_DSN_is_printed_as_its_store_name", secretDSN, "dial " + secretDSN, "dial postgres://root@127.0.0.1:1/test"},
+		{"a_password_alone_is_masked", secretDSN, "the server said " + secretPW, "the server said xxxxx"},
+		{"a_key_value_DSN_is_printed_as_its_store_name", secretKV, secretKV, "postgres://root@127.0.0.1:1/test"},
+		{"a_quoted_password_is_masked", "password='a b\\'c' host=x", "quoted a b'c here", "quoted xxxxx here"},
+		{"an_encoded_password_is_masked_in_both_spellings", "postgres://u:p%40ss@h/d", "p@ss and p%40ss", "xxxxx and xxxxx"},
+		{"a_short_password_stays_in_prose", "postgres://u:pw@h/d", "a short pw stays in prose", "a short pw stays in prose"},
+		{"a_short_password_leaves_a_DSN", "postgres://u:pw@h/d", "postgres://u:pw@h/d", "postgres://u@h:5432/d"},
+		{"another_DSN_loses_its_password_to_the_patterns", "postgres://u:pw@h/d", "postgres://v:other@g/e", "postgres://v:xxxxx@g/e"},
 	} {
-		c := newCLI(t.Context(), nil, nil, nil)
-		c.getenv = func(string) string { return "" }
-		c.collectSecrets([]string{"--postgres", tc.dsn})
-		assert.Equal(t, tc.want, c.redact(tc.in), tc.dsn)
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCLI(t.Context(), nil, nil, nil)
+			c.getenv = func(string) string { return "" }
+			c.collectSecrets([]string{"--postgres", tc.dsn})
+			assert.Equal(t, tc.want, c.redact(tc.in), tc.dsn)
+		})
 	}
 }

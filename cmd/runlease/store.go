@@ -46,7 +46,7 @@ const (
 // openedStore is a store and how to name it to an operator.
 type openedStore struct {
 	s     runlease.Store // passed to the library as is, so its Clock is seen
-	name  string         // "sqlite:PATH" or the redacted DSN
+	name  string         // "sqlite:PATH", or the Postgres store as postgresName names it
 	close func() error
 }
 
@@ -103,11 +103,7 @@ func (c *cli) openPostgres(ctx context.Context, dsn, table string) (*openedStore
 	if err != nil {
 		return nil, err
 	}
-	name := c.redact(redactDSN(dsn))
-	if table != runlease.DefaultPostgresTable {
-		name += " table " + table
-	}
-	return &openedStore{s: s, name: name, close: s.Close}, nil
+	return &openedStore{s: s, name: postgresName(dsn, table), close: s.Close}, nil
 }
 
 // openSQLite opens the embedded store at path, which must exist: neither a
@@ -130,12 +126,6 @@ func openSQLite(path string, access storeAccess) (*openedStore, error) {
 		return nil, err
 	}
 	return &openedStore{s: s, name: "sqlite:" + path, close: s.Close}, nil
-}
-
-// redactDSN returns dsn with its password replaced, for messages.
-func redactDSN(dsn string) string {
-	s := userinfoPassword.ReplaceAllString(dsn, "${1}"+redacted+"${3}")
-	return keyPassword.ReplaceAllString(s, "${1}"+redacted)
 }
 
 // at returns a clock option fixed at now, so that every row of one report
