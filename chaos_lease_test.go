@@ -200,6 +200,10 @@ func (d *clDriver) checkpoint(ctx context.Context, lease *runlease.Lease, keeper
 		err := lease.Write(ctx, runlease.Put(key, value), runlease.Put(logKey, d.holder))
 		res = chaos.ResOK
 		switch {
+		case runlease.IsOutcomeUnknown(err):
+			// Also when the lease is lost: the checkpoint may have
+			// landed just before (a keeper that ended cut the call short).
+			res = chaos.ResUnknown
 		case errors.Is(err, runlease.ErrLeaseLost):
 			res = chaos.ResLost
 		case err != nil:
