@@ -212,7 +212,7 @@ func crashRunIndex(run string) (int, bool) {
 // find the acknowledged writes the kills lost: proof that it can fail.
 func TestCrashCheckCatchesLostAcknowledgedWrites(t *testing.T) {
 	t.Parallel()
-	problems, st := crashRun(t, crashSQLite(t), 3, "lazy", crashMaxDelay/2)
+	problems, st := crashRun(t, crashSQLite(t), 10, "lazy", crashMaxDelay/2)
 	require.NotEmpty(t, problems, "the check passed a store that loses acknowledged writes: %s", st)
 	t.Logf("%d problems found, as there must be; the first: %s", len(problems), problems[0])
 }

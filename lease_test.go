@@ -213,7 +213,7 @@ func TestFenceAtTheMaximumIsRefusedNotWrapped(t *testing.T) {
 func TestCorruptLeaseRowIsRefusedAndKept(t *testing.T) {
 	t.Parallel()
 	for _, raw := range []string{
-		`not json`, `[]`, `null`, `"text"`, `{"fence":-1}`, `{"fence":1.5}`, `{"fence":1e3}`,
+		`not json`, `[1]`, `null`, `"text"`, `{"fence":-1}`, `{"fence":1.5}`, `{"fence":1e3}`,
 		`{"holder":null}`, `{"holder":7}`, `{"until_ms":"x"}`, `{"holder":"a"} trailing`, `{"holder":"a"`,
 		`{"fence":18446744073709551616}`,
 	} {
