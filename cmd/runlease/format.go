@@ -1,6 +1,8 @@
 package main
 
 import (
+	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,9 +40,14 @@ type leaseJSON struct {
 	Holder string `json:"holder"` // "" when released, corrupt or absent
 	Fence  uint64 `json:"fence"`  // 0 when corrupt or absent
 	// Until is when the lease expires (expired, released: ended); null when
-	// corrupt or absent.
+	// corrupt or absent, and when RFC 3339 cannot write it (outside the
+	// years 0 to 9999; UntilMS still has it).
 	Until *time.Time `json:"until"`
-	// ExpiresInMS is Until minus now in milliseconds: negative once expired.
+	// UntilMS is the row's until_ms, milliseconds since the Unix epoch;
+	// null when corrupt or absent.
+	UntilMS *int64 `json:"until_ms"`
+	// ExpiresInMS is until_ms minus now in milliseconds, clamped to the
+	// int64 range: negative once expired.
 	ExpiresInMS *int64 `json:"expires_in_ms"`
 	// TakeoverPossible tells whether another holder may acquire the run now.
 	TakeoverPossible bool `json:"takeover_possible"`
@@ -55,28 +62,65 @@ func newLeaseJSON(info runlease.LeaseInfo, now time.Time) leaseJSON {
 	if j.State == stateCorrupt || j.State == stateAbsent {
 		return j
 	}
-	until := info.Until.UTC()
-	in := until.Sub(now).Milliseconds()
-	takeover := until
-	if !info.Live && until.After(now) { // released ahead of this clock
-		takeover = now.UTC()
+	untilMS, in := info.Until.UnixMilli(), millisUntil(info.Until, now)
+	takeover := info.Until
+	if !info.Live && info.Until.After(now) { // released ahead of this clock
+		takeover = now
 	}
-	j.Until, j.ExpiresInMS, j.TakeoverAt = &until, &in, &takeover
+	j.Until, j.UntilMS, j.ExpiresInMS, j.TakeoverAt = jsonTime(info.Until), &untilMS, &in, jsonTime(takeover)
 	j.TakeoverPossible = !info.Live
 	return j
+}
+
+// jsonTime returns t in UTC for a JSON field, or nil when RFC 3339 cannot
+// write it: a row may hold any int64 of milliseconds, some 292 million
+// years either way, and encoding/json refuses years outside 0 to 9999.
+func jsonTime(t time.Time) *time.Time {
+	t = t.UTC()
+	if y := t.Year(); y < 0 || y > 9999 {
+		return nil
+	}
+	return &t
+}
+
+// millisUntil returns until minus now in milliseconds, clamped to the int64
+// range (time.Time.Sub clamps to about 292 years instead).
+func millisUntil(until, now time.Time) int64 {
+	u, n := until.UnixMilli(), now.UnixMilli()
+	d := u - n
+	if (u >= 0) != (n >= 0) && (d >= 0) != (u >= 0) { // overflowed
+		if u >= 0 {
+			return math.MaxInt64
+		}
+		return math.MinInt64
+	}
+	return d
 }
 
 // expiresText says when a lease expires, or since when it has been free.
 func expiresText(info runlease.LeaseInfo, now time.Time) string {
 	switch leaseState(info) {
 	case stateLive:
-		return "in " + shortDuration(info.Until.Sub(now))
+		return "in " + spanText(info.Until, now)
 	case stateExpired:
-		return shortDuration(now.Sub(info.Until)) + " ago"
+		return spanText(now, info.Until) + " ago"
 	case stateReleased:
-		return "released " + shortDuration(now.Sub(info.Until)) + " ago"
+		return "released " + spanText(now, info.Until) + " ago"
 	}
 	return "-"
+}
+
+// spanText formats the time from from to to for people, as shortDuration
+// does, and spans too long for a time.Duration in years.
+func spanText(to, from time.Time) string {
+	switch ms := millisUntil(to, from); {
+	case ms <= 0:
+		return shortDuration(0)
+	case ms > math.MaxInt64/int64(time.Millisecond):
+		return strconv.FormatInt(ms/(365.25*24*3600*1000), 10) + " years"
+	default:
+		return shortDuration(time.Duration(ms) * time.Millisecond)
+	}
 }
 
 // takeoverText says when another driver may take the run over.

@@ -22,7 +22,8 @@ Exit status, for scripts:
   2  usage error
 
 --json prints the lease with the fields of status --json (run_id, state,
-holder, fence, until, expires_in_ms, takeover_possible, takeover_at, row),
+holder, fence, until, until_ms, expires_in_ms, takeover_possible,
+takeover_at, row),
 state "absent" for a run with no row, and now.
 `
 

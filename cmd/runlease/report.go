@@ -55,9 +55,10 @@ type scopeJSON struct {
 
 // slotJSON is one live (or corrupt) slot row.
 type slotJSON struct {
-	Slot        int        `json:"slot"`   // -1 when the key has no number
-	RunID       string     `json:"run_id"` // "" when corrupt
-	Until       *time.Time `json:"until"`  // null when corrupt
+	Slot        int        `json:"slot"`     // -1 when the key has no number
+	RunID       string     `json:"run_id"`   // "" when corrupt
+	Until       *time.Time `json:"until"`    // null when corrupt, or outside the years 0 to 9999
+	UntilMS     *int64     `json:"until_ms"` // null when corrupt
 	ExpiresInMS *int64     `json:"expires_in_ms"`
 	Corrupt     bool       `json:"corrupt"`
 	Key         string     `json:"key"`
@@ -95,9 +96,8 @@ func (r *report) scopes() []scopeJSON {
 func newSlotJSON(s runlease.SlotInfo, now time.Time) slotJSON {
 	j := slotJSON{Slot: s.Slot, RunID: s.RunID, Corrupt: s.Corrupt, Key: s.Key}
 	if !s.Corrupt {
-		until := s.Until.UTC()
-		in := until.Sub(now).Milliseconds()
-		j.Until, j.ExpiresInMS = &until, &in
+		untilMS, in := s.Until.UnixMilli(), millisUntil(s.Until, now)
+		j.Until, j.UntilMS, j.ExpiresInMS = jsonTime(s.Until), &untilMS, &in
 	}
 	return j
 }
@@ -173,7 +173,7 @@ func slotHolders(slots []slotJSON, now time.Time) string {
 			continue
 		}
 		parts = append(parts, fmt.Sprintf("%s (slot %d, %s)", s.RunID, s.Slot,
-			"in "+shortDuration(s.Until.Sub(now))))
+			"in "+spanText(time.UnixMilli(*s.UntilMS), now)))
 	}
 	return strings.Join(parts, ", ")
 }

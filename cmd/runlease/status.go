@@ -27,11 +27,14 @@ configuration, not stored: give --limit scope=N to see used/limit.
   store          the store, password redacted
   now            the instant the rows were judged at (RFC 3339, UTC)
   leases[]       run_id, state (live|expired|released|corrupt), holder,
-                 fence, until (RFC 3339; null when corrupt), expires_in_ms
-                 (until - now; negative once expired), takeover_possible,
-                 takeover_at (null when corrupt), row (the stored text)
+                 fence, until (RFC 3339; null when corrupt or outside the
+                 years 0-9999), until_ms (the stored milliseconds since the
+                 Unix epoch; null when corrupt), expires_in_ms (until_ms -
+                 now, clamped to int64; negative once expired),
+                 takeover_possible, takeover_at (null as until is), row
+                 (the stored text)
   scopes[]       scope, used, limit (null without --limit), slots[] of
-                 slot, run_id, until, expires_in_ms, corrupt, key
+                 slot, run_id, until, until_ms, expires_in_ms, corrupt, key
 `
 
 // limitsFlag collects --limit scope=N flags.
