@@ -70,7 +70,7 @@ func TestSchemaPrintsTheDDL(t *testing.T) {
 	assert.Equal(t, `CREATE TABLE IF NOT EXISTS "ops"."Leases" (key text COLLATE "C" PRIMARY KEY, value text NOT NULL);`+"\n", r.stdout)
 
 	r = runCLI(t, "schema", "--table", "a.b.c")
-	assert.Equal(t, exitError, r.code)
+	assert.Equal(t, exitUsage, r.code)
 	assert.Regexp(t, `^runlease: RUN-E001: invalid table`, r.stderr)
 
 	r = runCLI(t, "schema", "extra")

@@ -19,6 +19,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/areev/runlease"
 )
 
 // Exit statuses. peek reports what it found through exitHeld, exitFree and
@@ -26,7 +28,7 @@ import (
 const (
 	exitOK     = 0 // success; peek: the run is held by a live lease
 	exitError  = 1 // the command failed; the error is on stderr
-	exitUsage  = 2 // the command line is wrong
+	exitUsage  = 2 // the command line is wrong: every RUN-E001
 	exitFree   = 3 // peek: the lease expired or was released
 	exitAbsent = 4 // peek: the run has no lease row
 	exitHeld   = exitOK
@@ -107,7 +109,7 @@ The store (status, peek, release, prune):
   --postgres DSN   a shared Postgres store (default $RUNLEASE_POSTGRES)
   --table NAME     the Postgres table (default runlease_meta)
 
-Exit status: 0 success (peek: held), 1 error, 2 usage error,
+Exit status: 0 success (peek: held), 1 error, 2 usage error (RUN-E001),
 3 peek: free (expired or released), 4 peek: absent.
 
 Run "runlease <command> --help" for a command's flags.
@@ -123,7 +125,9 @@ func (c *cli) exit(err error) int {
 		return exitOK
 	case errors.As(err, &st):
 		return int(st)
-	case errors.As(err, &ue):
+	case errors.As(err, &ue), errors.Is(err, runlease.ErrInvalidArgument):
+		// RUN-E001, from the command line or the library, is a usage error:
+		// the command was refused before it changed anything.
 		c.printError(err)
 		return exitUsage
 	default:

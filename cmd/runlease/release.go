@@ -63,8 +63,8 @@ func (c *cli) forceRelease(ctx context.Context, s *openedStore, runID string, ye
 		return err
 	}
 	if !info.Found {
-		return fmt.Errorf("%s: run %q has no lease row in %s; nothing to release",
-			runlease.CodeInvalidArgument, runID, s.name)
+		return fmt.Errorf("%w: run %q has no lease row in %s; nothing to release",
+			runlease.ErrInvalidArgument, runID, s.name)
 	}
 	writeLeaseDetail(c.stdout, info, now)
 	fmt.Fprintln(c.stdout)

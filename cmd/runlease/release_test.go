@@ -84,8 +84,8 @@ func TestReleaseRefusals(t *testing.T) {
 	assert.Contains(t, r.stderr, "want one RUN argument, got 0")
 
 	r = runCLI(t, "release", "never-acquired", "--force", "--db", path)
-	assert.Equal(t, exitError, r.code)
-	assert.Regexp(t, `^runlease: RUN-E001: run "never-acquired" has no lease row`, r.stderr)
+	assert.Equal(t, exitUsage, r.code, "RUN-E001 is a usage error")
+	assert.Regexp(t, `^runlease: RUN-E001: invalid argument: run "never-acquired" has no lease row`, r.stderr)
 
 	r = runCLI(t, "release", runCorrupt, "--force", "--db", path)
 	assert.Equal(t, exitError, r.code)
