@@ -49,17 +49,23 @@ type leaseJSON struct {
 	// ExpiresInMS is until_ms minus now in milliseconds, clamped to the
 	// int64 range: negative once expired.
 	ExpiresInMS *int64 `json:"expires_in_ms"`
-	// TakeoverPossible tells whether another holder may acquire the run now.
+	// TakeoverPossible tells whether another holder may acquire the run now:
+	// true for an absent run, false for a corrupt row.
 	TakeoverPossible bool `json:"takeover_possible"`
 	// TakeoverAt is when takeover becomes possible (in the past when it
-	// already is); null for a corrupt row, which nobody takes over.
+	// already is); null for a corrupt row, which nobody takes over, and for
+	// an absent run, which has no lease to take over.
 	TakeoverAt *time.Time `json:"takeover_at"`
 	Row        string     `json:"row"` // the stored row, byte for byte
 }
 
 func newLeaseJSON(info runlease.LeaseInfo, now time.Time) leaseJSON {
 	j := leaseJSON{RunID: info.RunID, State: leaseState(info), Holder: info.Holder, Fence: info.Fence, Row: info.Row}
-	if j.State == stateCorrupt || j.State == stateAbsent {
+	switch j.State {
+	case stateAbsent:
+		j.TakeoverPossible = true // no lease: the first acquirer gets the run
+		return j
+	case stateCorrupt:
 		return j
 	}
 	untilMS, in := info.Until.UnixMilli(), millisUntil(info.Until, now)

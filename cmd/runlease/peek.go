@@ -19,12 +19,12 @@ Exit status, for scripts:
   3  free: the lease expired or was released; a driver may take over now
   4  absent: the run has no lease row (never acquired, or pruned)
   1  error, such as an unreachable store or a corrupt row (RUN-E002)
-  2  usage error
+  2  usage error: every RUN-E001, such as an empty RUN
 
 --json prints the lease with the fields of status --json (run_id, state,
 holder, fence, until, until_ms, expires_in_ms, takeover_possible,
 takeover_at, row),
-state "absent" for a run with no row, and now.
+state "absent" (and takeover_possible true) for a run with no row, and now.
 `
 
 // peekJSON is the document peek --json prints.

@@ -21,7 +21,9 @@ A lease is live (held; takeover possible once it expires), expired (its
 holder stopped renewing; anyone may take over), released (given up; the next
 holder continues its fence) or corrupt (the row does not parse; nobody takes
 it over until a person looks). A scope's limit is the claiming host's
-configuration, not stored: give --limit scope=N to see used/limit.
+configuration, not stored: give --limit scope=N to see used/limit; the
+scope is a name drivers can claim (letters, digits, '-', '.', '/'), or
+principal:<p>.
 
 --json prints one document (with --watch, one line per refresh):
   store          the store, password redacted
@@ -54,6 +56,9 @@ func (l limitsFlag) Set(s string) error {
 	limit, err := strconv.Atoi(n)
 	if !ok || scope == "" || err != nil || limit < 1 || limit > runlease.MaxSlotLimit {
 		return fmt.Errorf("want scope=N with N in [1, %d], got %q", runlease.MaxSlotLimit, s)
+	}
+	if _, err := parseScope(scope, limit); err != nil {
+		return err
 	}
 	l[scope] = limit
 	return nil
