@@ -20,7 +20,8 @@ const (
 	envBase      = "RUNLEASE_DSIM_BASE"      // first seed of the sweep (default 1)
 	envSeed      = "RUNLEASE_DSIM_SEED"      // replay one seed (with RUNLEASE_DSIM_MODE), printing its trace
 	envMode      = "RUNLEASE_DSIM_MODE"
-	envStall     = "RUNLEASE_DSIM_STALL" // real time without progress that counts as a hang (default 10s)
+	envStall     = "RUNLEASE_DSIM_STALL"  // real time without progress that counts as a hang (default 10s)
+	envSurvey    = "RUNLEASE_DSIM_SURVEY" // when set, sweep without failing fast and list, per mode and checker, the seeds that fire it
 )
 
 // simDefaultSchedules is the size of the sweep CI runs.
@@ -56,6 +57,12 @@ func TestSimulationModes(t *testing.T) {
 	modes := sim.ModeNames()
 	if s := os.Getenv(envModes); s != "" {
 		modes = strings.Split(s, ",")
+	}
+	if os.Getenv(envSurvey) != "" {
+		for _, name := range modes {
+			surveySim(t, simMode(t, name), uint64(base), total/len(modes))
+		}
+		return
 	}
 	for _, name := range modes {
 		mode := simMode(t, name)
@@ -154,4 +161,52 @@ func loadSimRegressions(t *testing.T) []simRegression {
 		out = append(out, simRegression{fields[0], seed})
 	}
 	return out
+}
+
+// surveySim plays n schedules of mode from seed base on and reports, per
+// checker, how many schedules it fired in, the first seeds, and one
+// violation as an example.
+func surveySim(t *testing.T, mode sim.Mode, base uint64, n int) {
+	type tally struct {
+		count   int
+		seeds   []uint64
+		example string
+	}
+	tallies := map[string]*tally{}
+	var order []string
+	for i := range n {
+		seed := base + uint64(i)
+		mon := sim.NewMonitor(fmt.Sprintf("mode %s seed %d (survey)", mode.Name, seed))
+		stop := mon.Watch(10*time.Second, os.Stderr)
+		var rep *sim.Report
+		synctest.Test(t, func(t *testing.T) { rep = sim.Run(mode, seed, simAPI{}, mon) })
+		stop()
+		seen := map[string]bool{}
+		for _, v := range rep.Violations {
+			if seen[v.Check] {
+				continue
+			}
+			seen[v.Check] = true
+			ty := tallies[v.Check]
+			if ty == nil {
+				ty = &tally{example: v.Detail}
+				tallies[v.Check] = ty
+				order = append(order, v.Check)
+			}
+			ty.count++
+			if len(ty.seeds) < 5 {
+				ty.seeds = append(ty.seeds, seed)
+			}
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "mode %s: %d schedules from seed %d\n", mode.Name, n, base)
+	for _, c := range order {
+		ty := tallies[c]
+		fmt.Fprintf(&b, "  %-26s %5d schedules, seeds %v\n      e.g. %s\n", c, ty.count, ty.seeds, ty.example)
+	}
+	t.Log(b.String())
+	if len(order) > 0 {
+		t.Fail()
+	}
 }

@@ -170,7 +170,8 @@ func (w *World) applied(key string, old, now *string, at time.Time, opID int) {
 	}
 }
 
-// leaseWritten checks that fences never go backwards, and that no keeper
+// leaseWritten checks that fences never go backwards and that each fence
+// of a run belongs to one holder only, and that no keeper
 // of an older holder still trusts when a new holder is granted the run.
 func (w *World) leaseWritten(run string, old, now *string) {
 	if now == nil {
@@ -179,10 +180,21 @@ func (w *World) leaseWritten(run string, old, now *string) {
 	}
 	n, _ := decode(*now)
 	if old != nil {
-		o, _ := decode(*old)
-		if n.Fence < o.Fence || (n.Holder != "" && n.Holder != o.Holder && n.Fence <= o.Fence) {
+		if o, _ := decode(*old); n.Fence < o.Fence {
 			w.violate("fence-backwards", fmt.Sprintf("%s|%d|%d", run, o.Fence, n.Fence),
 				"run %s went from %s to %s", run, *old, *now)
+		}
+	}
+	if n.Holder != "" {
+		w.mu.Lock()
+		id := fmt.Sprintf("%s|%d", run, n.Fence)
+		first, ok := w.fenceHolder[id]
+		if !ok {
+			w.fenceHolder[id] = n.Holder
+		}
+		w.mu.Unlock()
+		if ok && first != n.Holder {
+			w.violate("fence-backwards", id, "run %s gave fence %d to %s after %s had it", run, n.Fence, n.Holder, first)
 		}
 	}
 	if n.Holder == "" {

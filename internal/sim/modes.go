@@ -30,6 +30,8 @@ type Mode struct {
 	Shared     int           // shared Renewers
 	Yield      float64       // chance a store call yields first
 	TTL        time.Duration
+	Serial     bool // each driver runs one operation at a time
+	OneKeeper  bool // a lease is kept once at most, so a Keep never waits behind a renewal
 }
 
 // Margin is the least time by which a keeper must stop trusting before its
@@ -58,7 +60,9 @@ var (
 	hanging = Weather{Name: "hanging", Rates: [numClasses]Rates{
 		LeaseWrite: {Hang: 0.2, HangApplied: 0.1}, UserBatch: {Hang: 0.3, HangApplied: 0.2},
 		MultiCAS: {Hang: 0.4, HangApplied: 0.2}, SlotWrite: {Hang: 0.2}, Read: {Hang: 0.1}}}
-	batchHang = Weather{Name: "batch-hang", Rates: [numClasses]Rates{MultiCAS: {Hang: 0.5, HangApplied: 0.2}}}
+	// unsentSlots loses slot writes with an unknown outcome; reads work.
+	unsentSlots = Weather{Name: "unsent-slots", Rates: [numClasses]Rates{SlotWrite: rates(0, 0.2, 0.5)}}
+	batchHang   = Weather{Name: "batch-hang", Rates: [numClasses]Rates{MultiCAS: {Hang: 0.5, HangApplied: 0.2}}}
 )
 
 // leaseOps is the weight table of the lease workload.
@@ -115,13 +119,17 @@ func init() {
 	addMode(Mode{Name: "limits", Doc: "hosts that disagree on a scope's limit (1 and 2), slots left to expire",
 		Actors: 3, Runs: 3, Mixed: true, Scopes: []ScopeSpec{{"mem", 1}},
 		Ops: map[string]float64{"claim": 4, "slots-renew": 1, "slots-release": 1, "acquire": 0.2}})
+	addMode(Mode{Name: "claims", Doc: "racing claims of one slot under unknown outcomes of slot writes",
+		Actors: 4, Runs: 4, Scopes: []ScopeSpec{{"mem", 1}}, OpP: 0.8, Yield: 0.6, WeatherP: 0.1,
+		Ops:     map[string]float64{"acquire": 2, "claim": 6, "slots-release": 2, "abandon": 0.5},
+		Weather: []Weather{healthy, unsentSlots}})
 	addMode(Mode{Name: "keep-ttl", Doc: "Keep given a TTL option longer than the lease's",
 		Actors: 2, Runs: 2, KeepTTL: time.Hour, Shared: 1, Ops: leaseOps, Weather: []Weather{healthy}})
 	addMode(Mode{Name: "stop", Doc: "batched renewals that hang, stopped and released by their drivers",
-		Actors: 4, Runs: 4, Shared: 1, WeatherP: 0.1, Weather: []Weather{healthy, batchHang},
+		Actors: 4, Runs: 4, Shared: 1, WeatherP: 0.1, Weather: []Weather{healthy, batchHang}, OneKeeper: true,
 		Ops: map[string]float64{"acquire": 3, "keep-shared": 4, "stop": 2, "keeper-release": 2, "close-renewer": 0.5, "abandon": 0.3}})
 	addMode(Mode{Name: "wait", Doc: "AcquireWait with contexts that end while it waits or calls the store",
-		Actors: 3, Runs: 1, WeatherP: 0.1, Weather: []Weather{healthy, hanging, flaky},
+		Actors: 3, Runs: 1, WeatherP: 0.1, Weather: []Weather{healthy, hanging, flaky}, Serial: true,
 		Ops: map[string]float64{"acquire": 1, "acquire-wait": 4, "release": 1, "renew": 1, "abandon": 0.5}})
 	addMode(Mode{Name: "hang", Doc: "hung store calls under keepers sharing a Renewer",
 		Shared: 1, WeatherP: 0.08, Weather: []Weather{healthy, hanging}, Ops: leaseOps})

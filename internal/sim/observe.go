@@ -91,7 +91,9 @@ func (w *World) observeKeeper(r *keeperRec, now time.Time, fresh bool) {
 
 // observeSlots counts, per scope, the runs that believe they hold one of
 // its slots: a kept Slots while its keeper trusts, one renewed by hand
-// while the row it last wrote has not expired. Slots whose loss a hook
+// while the row it last wrote has not expired and its driver's lease on
+// the run is still its own (a driver whose lease is gone is a stalled one,
+// to which nothing is promised). Slots whose loss a hook
 // reported are excused.
 func (w *World) observeSlots() {
 	snow := w.storeNow()
@@ -99,22 +101,27 @@ func (w *World) observeSlots() {
 		a    *actor
 		s    Slots
 		kept bool
+		mine bool // the driver's lease on the slots' run is still its own
 	}
 	w.mu.Lock()
 	var beliefs []belief
 	for _, a := range w.actors {
 		if a.slots != nil {
-			beliefs = append(beliefs, belief{a, a.slots, w.slotsKept(a)})
+			beliefs = append(beliefs, belief{a: a, s: a.slots, kept: w.slotsKept(a)})
 		}
 	}
 	w.mu.Unlock()
+	for i := range beliefs {
+		b := &beliefs[i]
+		_, b.mine = w.ownRow(b.s.RunID(), b.a.holder, b.a.fence)
+	}
 	believers := map[string]map[string]string{} // scope → run → key
 	for _, b := range beliefs {
 		for _, h := range b.s.Held() {
 			w.mu.Lock()
 			excused := w.slotLosses[b.s.RunID()+"|"+h.Key]
 			w.mu.Unlock()
-			if !excused && (b.kept || h.Until.After(snow)) {
+			if !excused && (b.kept || (b.mine && h.Until.After(snow))) {
 				if believers[h.Scope] == nil {
 					believers[h.Scope] = map[string]string{}
 				}

@@ -34,6 +34,18 @@ func (w *World) active(a *actor) []*keeperRec {
 	return out
 }
 
+// keepersOf returns every keeper started on a's current lease. w.mu is
+// held.
+func (w *World) keepersOf(a *actor) []*keeperRec {
+	var out []*keeperRec
+	for _, r := range w.keepers {
+		if r.a == a && r.lease == a.lease {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // slotsKept reports whether a live keeper renews a's slots. w.mu is held.
 func (w *World) slotsKept(a *actor) bool {
 	for _, r := range w.active(a) {
@@ -46,7 +58,7 @@ func (w *World) slotsKept(a *actor) bool {
 
 // validOps lists the operations a may start now. w.mu is held.
 func (w *World) validOps(a *actor) []string {
-	if a.busy >= 2 {
+	if a.busy >= 2 || (w.mode.Serial && a.busy > 0) {
 		return nil
 	}
 	var out []string
@@ -65,10 +77,11 @@ func (w *World) validOps(a *actor) []string {
 	add("acquire-wait", !held)
 	add("renew", held)
 	add("write", held)
-	add("write-keeper-ctx", held && len(act) > 0)
+	add("write-keeper-ctx", held && len(w.keepersOf(a)) > 0)
 	add("release", held && len(act) == 0)
-	add("keep", held && len(act) < 2)
-	add("keep-shared", held && len(act) < 2 && w.mode.Shared > 0)
+	keepable := held && len(act) < 2 && (!w.mode.OneKeeper || len(w.keepersOf(a)) == 0)
+	add("keep", keepable)
+	add("keep-shared", keepable && w.mode.Shared > 0)
 	add("stop", len(act) > 0)
 	add("keeper-release", len(act) > 0)
 	add("abandon", held || a.slots != nil)
@@ -204,8 +217,11 @@ func (w *World) begin(a *actor, kind string) {
 		})
 	case "write", "write-keeper-ctx":
 		var work context.Context
-		if kind == "write-keeper-ctx" {
-			work = act[w.rng.IntN(len(act))].work
+		if kind == "write-keeper-ctx" { // any keeper of the lease, ended or not
+			w.mu.Lock()
+			ks := w.keepersOf(a)
+			w.mu.Unlock()
+			work = ks[w.rng.IntN(len(ks))].work
 		}
 		w.launch(a, "Write "+run, callTimeout+promptly, func(ctx context.Context, o *op) error {
 			return w.write(ctx, o, a, l, run, fence, work)
@@ -263,6 +279,11 @@ func (w *World) begin(a *actor, kind string) {
 			return nil
 		})
 	case "claim":
+		// A driver claims slots only right after it saw its lease hold, as
+		// the README asks; a stalled driver's claim is not promised anything.
+		if r, own := w.ownRow(run, a.holder, fence); !own || !r.live(w.storeNow()) {
+			return
+		}
 		w.beginClaim(a, run)
 	case "slots-renew":
 		w.launch(a, "Slots.Renew "+slots.RunID(), callTimeout+promptly, func(ctx context.Context, o *op) error {
