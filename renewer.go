@@ -227,9 +227,9 @@ func (r *Renewer) dueLocked(now time.Time) []func() {
 			leaseNow := len(leaseDue) > 0 && leaseDue[len(leaseDue)-1] == k
 			switch {
 			case !any:
-			case leaseNow && !now.Before(due.Add(-k.o.interval/2)):
-				// Due soon: renew the slots right after the lease, in
-				// the same job, so they stay in step with it.
+			case leaseNow:
+				// Renew the slots right after the lease, in the same
+				// job, so that they stay in step with it.
 				chained = append(chained, k)
 			case !now.Before(due):
 				slotsDue = append(slotsDue, k)
