@@ -37,6 +37,19 @@ const (
 // errLocked is what lockFile returns when another opener holds the lock.
 var errLocked = errors.New("locked")
 
+// hardLinkedError refuses a database file that has more than one name.
+// SQLite keeps a store's write-ahead log and shared memory in files named
+// after the name it opened (path-wal, path-shm), so an opener by another
+// name would not see commits still in the log: it would read old rows, and
+// in this process SQLite fails with a disk I/O error.
+type hardLinkedError struct{ links uint64 }
+
+func (e *hardLinkedError) Error() string {
+	return fmt.Sprintf("the file has %d hard links; SQLite keeps the write-ahead log beside "+
+		"the name it opens, so another name would miss commits: remove the other links "+
+		"(a symbolic link is fine)", e.links)
+}
+
 // SQLiteStore is the embedded [Store]: one SQLite file (in WAL mode) that one
 // process writes. OpenSQLite enforces that with a lock, so two drivers can
 // never share an embedded store by accident; nodes that must share leases use
@@ -48,11 +61,14 @@ var errLocked = errors.New("locked")
 // (synchronous=FULL). A SQLiteStore is safe for concurrent use.
 type SQLiteStore struct {
 	path   string
-	lock   *os.File // the writer lock; nil for :memory:
+	lock   *os.File // the writer lock on path+".lock"; nil for :memory: and read-only
+	dbLock *dbLock  // the writer lock on the database file; nil as lock is
 	w, r   *sql.DB  // r == w for :memory:, whose data lives in one connection
 	stmts  sqliteStmts
 	subs   subscribers
-	closed atomic.Bool
+	closed atomic.Bool // set once Close began; read without the gate's lock
+	gate   callGate
+	hooks  *sqliteHooks // nil but in tests
 }
 
 type sqliteStmts struct {
@@ -64,9 +80,16 @@ type sqliteStmts struct {
 //
 // The file is locked for this store until Close: a second OpenSQLite of the
 // same file, from this process or another, fails at once with a
-// [*StoreLockedError] (matching [ErrStoreLocked]). The lock lives on a side
-// file, path+".lock", and the operating system drops it when the process
-// dies, so a crashed writer never leaves the store locked.
+// [*StoreLockedError] (matching [ErrStoreLocked]). The lock is an flock on
+// a side file, path+".lock", and another on the database file itself, so
+// that deleting the side file lets no second writer in; the operating
+// system drops both when the process dies, so a crashed writer never leaves
+// the store locked.
+//
+// A database file with more than one hard link is refused with
+// [ErrInvalidArgument]: SQLite keeps the write-ahead log beside the name it
+// opens, so an opener by another name would miss commits. A symbolic link
+// is resolved and fine.
 func OpenSQLite(path string) (*SQLiteStore, error) {
 	if path == "" {
 		return nil, invalidArg("path", "empty")
@@ -76,55 +99,86 @@ func OpenSQLite(path string) (*SQLiteStore, error) {
 		if err != nil {
 			return nil, err
 		}
-		return newSQLiteStore(path, nil, db, db)
+		return newSQLiteStore(path, db, db)
 	}
 	abs, err := canonicalPath(path)
 	if err != nil {
 		return nil, &StorageError{Op: "OpenSQLite", Key: path, Err: err}
 	}
 	lock, err := lockFile(abs + ".lock")
-	if errors.Is(err, errLocked) {
-		return nil, &StoreLockedError{Path: path}
-	}
 	if err != nil {
-		return nil, &StorageError{Op: "OpenSQLite", Key: path, Err: err}
+		return nil, openLockError(path, err)
+	}
+	dbl, err := lockDatabase(abs)
+	if err != nil {
+		unlockFile(lock)
+		return nil, openLockError(path, err)
+	}
+	unlock := func() {
+		dbl.unlock()
+		unlockFile(lock)
 	}
 	uri := "file:" + (&url.URL{Path: abs}).EscapedPath()
 	w, err := openSQLiteDB(uri, false, 1)
 	if err != nil {
-		unlockFile(lock)
+		unlock()
 		return nil, err
 	}
 	r, err := openSQLiteDB(uri, true, 4)
 	if err != nil {
 		w.Close()
-		unlockFile(lock)
+		unlock()
 		return nil, err
 	}
-	return newSQLiteStore(path, lock, w, r)
+	s, err := newSQLiteStore(path, w, r)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	s.lock, s.dbLock = lock, dbl
+	return s, nil
+}
+
+// openLockError is the error of an OpenSQLite whose lock was not taken.
+func openLockError(path string, err error) error {
+	var hl *hardLinkedError
+	switch {
+	case errors.Is(err, errLocked):
+		return &StoreLockedError{Path: path}
+	case errors.As(err, &hl):
+		return invalidArg("path", "%q: %v", path, hl)
+	}
+	return &StorageError{Op: "OpenSQLite", Key: path, Err: err}
 }
 
 // OpenSQLiteReadOnly opens an existing embedded store for reading only,
 // without taking the writer lock, so that status tools can look at a store
 // that a driver has open. Reads see every write committed before they start.
 // Writes fail with [ErrInvalidArgument] and change nothing. A missing file is
-// a [*StorageError]: a read-only open never creates a store.
+// a [*StorageError]: a read-only open never creates a store. A file with
+// more than one hard link is refused with [ErrInvalidArgument], as by
+// [OpenSQLite]: read by another name than its writer's, it would show rows
+// older than the writer's commits.
 func OpenSQLiteReadOnly(path string) (*SQLiteStore, error) {
 	if path == "" || path == ":memory:" {
 		return nil, invalidArg("path", "%q cannot be opened read-only", path)
 	}
 	abs, err := canonicalPath(path)
+	var fi os.FileInfo
 	if err == nil {
-		_, err = os.Stat(abs)
+		fi, err = os.Stat(abs)
 	}
 	if err != nil {
 		return nil, &StorageError{Op: "OpenSQLiteReadOnly", Key: path, Err: err}
+	}
+	if err := checkLinks(fi); err != nil {
+		return nil, invalidArg("path", "%q: %v", path, err)
 	}
 	r, err := openSQLiteDB("file:"+(&url.URL{Path: abs}).EscapedPath(), true, 2)
 	if err != nil {
 		return nil, err
 	}
-	return newSQLiteStore(path, nil, nil, r)
+	return newSQLiteStore(path, nil, r)
 }
 
 // canonicalPath resolves path to an absolute path without symbolic links in
@@ -167,8 +221,10 @@ func openSQLiteDB(uri string, readOnly bool, conns int) (*sql.DB, error) {
 	return db, nil
 }
 
-func newSQLiteStore(path string, lock *os.File, w, r *sql.DB) (*SQLiteStore, error) {
-	s := &SQLiteStore{path: path, lock: lock, w: w, r: r}
+// newSQLiteStore makes the store on w and r, or closes them on failure. The
+// caller sets the locks, and releases them on failure.
+func newSQLiteStore(path string, w, r *sql.DB) (*SQLiteStore, error) {
+	s := &SQLiteStore{path: path, w: w, r: r}
 	ctx := context.Background()
 	if w != nil {
 		if _, err := w.ExecContext(ctx, sqliteSchema); err != nil {
@@ -203,27 +259,12 @@ func newSQLiteStore(path string, lock *os.File, w, r *sql.DB) (*SQLiteStore, err
 // Path returns the path the store was opened with.
 func (s *SQLiteStore) Path() string { return s.path }
 
-// Close closes the database and releases the writer lock. Calls after Close
-// fail with [ErrStoreClosed]. Close is idempotent.
-func (s *SQLiteStore) Close() error {
-	if s.closed.Swap(true) {
-		return nil
-	}
-	var errs []error
-	if s.r != s.w {
-		errs = append(errs, s.r.Close())
-	}
-	if s.w != nil {
-		errs = append(errs, s.w.Close())
-	}
-	if s.lock != nil {
-		errs = append(errs, unlockFile(s.lock))
-	}
-	return errors.Join(errs...)
-}
-
 // MetaGet implements [Store].
 func (s *SQLiteStore) MetaGet(ctx context.Context, key string) (string, bool, error) {
+	if err := s.enter("MetaGet"); err != nil {
+		return "", false, err
+	}
+	defer s.exit("MetaGet")
 	if err := s.check(key); err != nil {
 		return "", false, err
 	}
@@ -240,6 +281,10 @@ func (s *SQLiteStore) MetaGet(ctx context.Context, key string) (string, bool, er
 
 // MetaCAS implements [Store].
 func (s *SQLiteStore) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
+	if err := s.enter("MetaCAS"); err != nil {
+		return false, err
+	}
+	defer s.exit("MetaCAS")
 	if err := s.checkWrite(key); err != nil {
 		return false, err
 	}
@@ -261,6 +306,10 @@ func (s *SQLiteStore) MetaCAS(ctx context.Context, key string, expected *string,
 
 // MetaDelete implements [Store].
 func (s *SQLiteStore) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
+	if err := s.enter("MetaDelete"); err != nil {
+		return false, err
+	}
+	defer s.exit("MetaDelete")
 	if err := s.checkWrite(key); err != nil {
 		return false, err
 	}
@@ -273,9 +322,10 @@ func (s *SQLiteStore) MetaDelete(ctx context.Context, key, expected string) (boo
 
 // MetaScan implements [Store].
 func (s *SQLiteStore) MetaScan(ctx context.Context, prefix string) ([]Row, error) {
-	if s.closed.Load() {
-		return nil, ErrStoreClosed
+	if err := s.enter("MetaScan"); err != nil {
+		return nil, err
 	}
+	defer s.exit("MetaScan")
 	if err := CheckPrefix(prefix); err != nil {
 		return nil, err
 	}
@@ -304,16 +354,12 @@ func (s *SQLiteStore) MetaScan(ctx context.Context, prefix string) ([]Row, error
 	return out, nil
 }
 
-func (s *SQLiteStore) check(key string) error {
-	if s.closed.Load() {
-		return ErrStoreClosed
-	}
-	return CheckKey(key)
-}
+// check validates the key of a call that enter admitted.
+func (s *SQLiteStore) check(key string) error { return CheckKey(key) }
 
 // checkWrite is check for a write.
 func (s *SQLiteStore) checkWrite(key string) error {
-	if s.w == nil && !s.closed.Load() {
+	if s.w == nil {
 		return invalidArg("store", "%q was opened read-only", s.path)
 	}
 	return s.check(key)

@@ -10,9 +10,10 @@ import (
 // it holds the write lock from its first read: the conditions it checks
 // cannot change before its writes commit.
 func (s *SQLiteStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (applied bool, err error) {
-	if s.closed.Load() {
-		return false, ErrStoreClosed
+	if err := s.enter("MetaBatch"); err != nil {
+		return false, err
 	}
+	defer s.exit("MetaBatch")
 	if s.w == nil {
 		return false, invalidArg("store", "%q was opened read-only", s.path)
 	}
@@ -78,9 +79,10 @@ func (s *SQLiteStore) Subscribe(key string) (<-chan struct{}, func()) {
 // MetaCASMany implements [MultiCASer] in one transaction: one commit, and
 // one sync to disk, for all the writes.
 func (s *SQLiteStore) MetaCASMany(ctx context.Context, writes []CASWrite) (swapped []bool, err error) {
-	if s.closed.Load() {
-		return nil, ErrStoreClosed
+	if err := s.enter("MetaCASMany"); err != nil {
+		return nil, err
 	}
+	defer s.exit("MetaCASMany")
 	if s.w == nil {
 		return nil, invalidArg("store", "%q was opened read-only", s.path)
 	}

@@ -1,0 +1,100 @@
+package sim
+
+import (
+	"errors"
+	"hash/fnv"
+	"math/rand/v2"
+	"strconv"
+)
+
+// Outcome is what the fault store does with one call.
+type Outcome int
+
+// The outcomes of a call. Writes take any of them; reads take OK, Fail and
+// the hangs.
+const (
+	// OK applies the call and replies.
+	OK Outcome = iota
+	// Fail changes nothing and reports a fault that is certainly not
+	// applied (StorageError.Unknown false).
+	Fail
+	// Lost applies the call and loses the reply (Unknown true).
+	Lost
+	// Unsent changes nothing and reports an unknown outcome.
+	Unsent
+	// Hang blocks until the call's context ends, then reports an unknown
+	// outcome without having applied the call.
+	Hang
+	// HangApplied blocks until the call's context ends, applies the call at
+	// that instant, and reports an unknown outcome.
+	HangApplied
+)
+
+var outcomeNames = [...]string{"ok", "fail", "lost-reply", "unsent-unknown", "hang", "hang-applied"}
+
+func (o Outcome) String() string { return outcomeNames[o] }
+
+// errInjected is the driver error inside every injected fault, so that a
+// checker can tell an injected fault from a context's error.
+var errInjected = errors.New("injected fault")
+
+// Rates are the chances of each faulty outcome for one class of call; the
+// rest of the time the call is OK.
+type Rates struct {
+	Fail, Lost, Unsent, Hang, HangApplied float64
+}
+
+func (r Rates) pick(x float64) Outcome {
+	for _, c := range []struct {
+		p float64
+		o Outcome
+	}{{r.Fail, Fail}, {r.Lost, Lost}, {r.Unsent, Unsent}, {r.Hang, Hang}, {r.HangApplied, HangApplied}} {
+		if x < c.p {
+			return c.o
+		}
+		x -= c.p
+	}
+	return OK
+}
+
+// Class sorts calls by what they touch, so a mode can fail one kind of
+// write and spare another.
+type Class int
+
+// Classes of calls.
+const (
+	LeaseWrite Class = iota // MetaCAS, MetaDelete or MetaBatch of lease rows only
+	UserBatch               // MetaBatch carrying the caller's own keys (fenced writes)
+	MultiCAS                // MetaCASMany (batched renewals)
+	SlotWrite               // writes of slot rows
+	Read                    // MetaGet and MetaScan
+	numClasses
+)
+
+// Weather is a set of rates per class: the store's health for a while.
+type Weather struct {
+	Name  string
+	Rates [numClasses]Rates
+}
+
+// healthy is the weather of a store that never fails.
+var healthy = Weather{Name: "healthy"}
+
+// decider chooses outcomes. The choice for a call depends only on the seed,
+// the weather, the call's operation and key, and how many calls of that
+// operation and key came before, not on what other goroutines did
+// meanwhile, so that schedules replay even where goroutines race.
+type decider struct {
+	seed  uint64
+	count map[string]uint64
+}
+
+func (d *decider) draw(op, key string) (x float64, r *rand.Rand) {
+	id := op + "\x00" + key
+	n := d.count[id]
+	d.count[id] = n + 1
+	h := fnv.New64a()
+	h.Write([]byte(strconv.FormatUint(d.seed, 10) + "\x00" + id + "\x00" + strconv.FormatUint(n, 10)))
+	r = rand.New(rand.NewPCG(d.seed, h.Sum64()))
+	return r.Float64(), r
+}

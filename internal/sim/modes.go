@@ -1,0 +1,171 @@
+package sim
+
+import (
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Mode is a workload family: how many drivers, which operations how often,
+// and which faults. Each targets a family of failures, so that a report can
+// say which promise broke under which conditions.
+type Mode struct {
+	Name    string
+	Doc     string
+	Actors  int
+	Runs    int         // contended run ids
+	Scopes  []ScopeSpec // scopes that claims draw from
+	Mixed   bool        // odd drivers claim with each limit raised by one
+	Steps   int
+	OpP     float64            // chance that a step starts an operation
+	Ops     map[string]float64 // operation weights
+	Weather []Weather          // the first is the starting weather
+	// WeatherP is the chance that a step changes the weather.
+	WeatherP float64
+	// ClockP is the chance that a step moves the store clock by one of
+	// ClockSteps.
+	ClockP     float64
+	ClockSteps []time.Duration
+	KeepTTL    time.Duration // when set, Keep is sometimes given this TTL
+	Shared     int           // shared Renewers
+	Yield      float64       // chance a store call yields first
+	TTL        time.Duration
+	Serial     bool // each driver runs one operation at a time
+	OneKeeper  bool // a lease is kept once at most, so a Keep never waits behind a renewal
+}
+
+// Margin is the least time by which a keeper must stop trusting before its
+// row can expire: the default KeepMargin, a tenth of the TTL.
+func (m Mode) Margin() time.Duration { return m.TTL / 10 }
+
+func rates(fail, lost, unsent float64) Rates { return Rates{Fail: fail, Lost: lost, Unsent: unsent} }
+
+func uniform(r Rates) [numClasses]Rates {
+	return [numClasses]Rates{r, r, r, r, Rates{Fail: r.Fail + r.Lost}}
+}
+
+var (
+	flaky = Weather{Name: "flaky", Rates: uniform(rates(0.05, 0.05, 0.03))}
+	// lossy loses replies and fails the reads that would tell.
+	lossy = Weather{Name: "lossy", Rates: [numClasses]Rates{
+		LeaseWrite: rates(0, 0.55, 0.15), UserBatch: rates(0, 0.3, 0.4), MultiCAS: rates(0, 0.5, 0.2),
+		SlotWrite: rates(0, 0.55, 0.15), Read: {Fail: 0.8}}}
+	down = Weather{Name: "down", Rates: [numClasses]Rates{
+		LeaseWrite: rates(0.3, 0.3, 0.4), UserBatch: rates(0.3, 0.3, 0.4), MultiCAS: rates(0.3, 0.3, 0.4),
+		SlotWrite: rates(0.3, 0.3, 0.4), Read: {Fail: 1}}}
+	// slotsDown fails slot writes while lease writes go through.
+	slotsDown = Weather{Name: "slots-down", Rates: [numClasses]Rates{
+		SlotWrite: rates(0.5, 0.25, 0.25), Read: {Fail: 0.1}}}
+	// hanging makes calls hang until their context ends.
+	hanging = Weather{Name: "hanging", Rates: [numClasses]Rates{
+		LeaseWrite: {Hang: 0.2, HangApplied: 0.1}, UserBatch: {Hang: 0.3, HangApplied: 0.2},
+		MultiCAS: {Hang: 0.4, HangApplied: 0.2}, SlotWrite: {Hang: 0.2}, Read: {Hang: 0.1}}}
+	// unsentSlots loses slot writes with an unknown outcome; reads work.
+	unsentSlots = Weather{Name: "unsent-slots", Rates: [numClasses]Rates{SlotWrite: rates(0, 0.2, 0.5)}}
+	batchHang   = Weather{Name: "batch-hang", Rates: [numClasses]Rates{MultiCAS: {Hang: 0.5, HangApplied: 0.2}}}
+)
+
+// leaseOps is the weight table of the lease workload.
+var leaseOps = map[string]float64{
+	"acquire": 3, "acquire-wait": 1, "renew": 2, "write": 3, "write-keeper-ctx": 2, "release": 1,
+	"keep": 3, "stop": 0.5, "keeper-release": 1, "abandon": 0.5, "close-renewer": 0.1,
+}
+
+var slotOps = map[string]float64{
+	"acquire": 3, "keep": 3, "claim": 3, "slots-renew": 1, "slots-release": 1, "keeper-release": 1,
+	"abandon": 0.5, "stop": 0.3,
+}
+
+// Modes are the workload families, by name.
+var Modes = map[string]Mode{}
+
+func addMode(m Mode) {
+	if m.Actors == 0 {
+		m.Actors = 4
+	}
+	if m.Runs == 0 {
+		m.Runs = 2
+	}
+	if m.Steps == 0 {
+		m.Steps = 160
+	}
+	if m.OpP == 0 {
+		m.OpP = 0.5
+	}
+	if m.TTL == 0 {
+		m.TTL = 5 * time.Second
+	}
+	if m.Weather == nil {
+		m.Weather = []Weather{healthy, flaky}
+	}
+	Modes[m.Name] = m
+}
+
+func init() {
+	addMode(Mode{Name: "leases", Doc: "contended leases, keepers on shared and own Renewers, fenced writes, flaky store",
+		Ops: leaseOps, Shared: 2, Weather: []Weather{healthy, flaky, lossy, down}, WeatherP: 0.06, Yield: 0.1})
+	addMode(Mode{Name: "doubt", Doc: "lost replies and failing read-backs around renewals and fenced writes, no keepers",
+		Actors: 2, Runs: 2, OpP: 0.7, WeatherP: 0.08,
+		Ops:     map[string]float64{"acquire": 2, "renew": 4, "write": 4, "release": 0.5, "abandon": 0.3},
+		Weather: []Weather{healthy, lossy, flaky}})
+	addMode(Mode{Name: "kept-doubt", Doc: "lost replies around keepers and fenced writes through the keeper's context",
+		Actors: 3, Runs: 2, Shared: 1, WeatherP: 0.06, Yield: 0.1,
+		Ops:     map[string]float64{"acquire": 2, "keep": 3, "write": 3, "write-keeper-ctx": 3, "renew": 1, "keeper-release": 0.5, "abandon": 0.3, "stop": 0.3},
+		Weather: []Weather{healthy, lossy, flaky}})
+	addMode(Mode{Name: "slots", Doc: "one scope of limit 1 and one of limit 2, kept slots, slot writes failing while lease writes go through",
+		Actors: 4, Runs: 3, Ops: slotOps, Shared: 1, WeatherP: 0.06, Yield: 0.3,
+		Scopes:  []ScopeSpec{{"mem", 1}, {"principal:p", 2}},
+		Weather: []Weather{healthy, slotsDown, lossy, flaky}})
+	addMode(Mode{Name: "limits", Doc: "hosts that disagree on a scope's limit (1 and 2), slots left to expire",
+		Actors: 3, Runs: 3, Mixed: true, Scopes: []ScopeSpec{{"mem", 1}},
+		Ops: map[string]float64{"claim": 4, "slots-renew": 1, "slots-release": 1, "acquire": 0.2}})
+	addMode(Mode{Name: "claims", Doc: "racing claims of one slot under unknown outcomes of slot writes",
+		Actors: 4, Runs: 4, Scopes: []ScopeSpec{{"mem", 1}}, OpP: 0.8, Yield: 0.6, WeatherP: 0.1,
+		Ops:     map[string]float64{"acquire": 2, "claim": 6, "slots-release": 2, "abandon": 0.5},
+		Weather: []Weather{healthy, unsentSlots}})
+	addMode(Mode{Name: "keep-ttl", Doc: "Keep given a TTL option longer than the lease's",
+		Actors: 2, Runs: 2, KeepTTL: time.Hour, Shared: 1, Ops: leaseOps, Weather: []Weather{healthy}})
+	addMode(Mode{Name: "stop", Doc: "batched renewals that hang, stopped and released by their drivers",
+		Actors: 4, Runs: 4, Shared: 1, WeatherP: 0.1, Weather: []Weather{healthy, batchHang}, OneKeeper: true,
+		Ops: map[string]float64{"acquire": 3, "keep-shared": 4, "stop": 2, "keeper-release": 2, "close-renewer": 0.5, "abandon": 0.3}})
+	addMode(Mode{Name: "wait", Doc: "AcquireWait with contexts that end while it waits or calls the store",
+		Actors: 3, Runs: 1, WeatherP: 0.1, Weather: []Weather{healthy, hanging, flaky}, Serial: true,
+		Ops: map[string]float64{"acquire": 1, "acquire-wait": 4, "release": 1, "renew": 1, "abandon": 0.5}})
+	addMode(Mode{Name: "hang", Doc: "hung store calls under keepers sharing a Renewer",
+		Shared: 1, WeatherP: 0.08, Weather: []Weather{healthy, hanging}, Ops: leaseOps})
+	addMode(Mode{Name: "batches", Doc: "two Renewers keeping the same leases, so batched renewals overlap",
+		Actors: 2, Runs: 3, Shared: 2, Yield: 0.5,
+		Ops: map[string]float64{"acquire": 3, "keep-shared": 5, "renew": 0.5, "stop": 0.3, "abandon": 0.2}, Weather: []Weather{healthy}})
+	addMode(Mode{Name: "clock", Doc: "store clock steps forward and back (a step forward past the margin is a fault the keeper cannot see)",
+		Ops: leaseOps, Shared: 1, ClockP: 0.05,
+		ClockSteps: []time.Duration{-2 * time.Second, -300 * time.Millisecond, 200 * time.Millisecond, 3 * time.Second}})
+}
+
+// ModeNames returns the names of the modes in the order the default run
+// takes them: modes whose failures can hang the bubble come last, since a
+// hang ends the test binary.
+func ModeNames() []string {
+	last := map[string]int{"hang": 2, "batches": 2, "stop": 1, "wait": 1}
+	names := make([]string, 0, len(Modes))
+	for n := range Modes {
+		if n != "clock" {
+			names = append(names, n)
+		}
+	}
+	sort.Slice(names, func(i, j int) bool {
+		if last[names[i]] != last[names[j]] {
+			return last[names[i]] < last[names[j]]
+		}
+		return names[i] < names[j]
+	})
+	return names
+}
+
+// Describe lists the modes, for help text.
+func Describe() string {
+	s := ""
+	for _, n := range append(ModeNames(), "clock") {
+		s += fmt.Sprintf("  %-10s %s\n", n, Modes[n].Doc)
+	}
+	return s
+}

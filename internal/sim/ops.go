@@ -1,0 +1,310 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/areev/runlease"
+)
+
+const (
+	callTimeout = 2 * time.Second       // the context of most operations
+	promptly    = 50 * time.Millisecond // how long Stop, Close and Keep may take, in fake time
+)
+
+// structural operations change what an actor holds, so they run alone.
+var structural = map[string]bool{
+	"acquire": true, "acquire-wait": true, "release": true, "keep": true, "keep-shared": true,
+	"stop": true, "keeper-release": true, "abandon": true, "close-renewer": true, "claim": true,
+	"slots-release": true,
+}
+
+// active returns the keepers of a that were neither stopped nor ended.
+// w.mu is held.
+func (w *World) active(a *actor) []*keeperRec {
+	var out []*keeperRec
+	for _, r := range w.keepers {
+		if r.a == a && !r.stopped && r.work.Err() == nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// keepersOf returns every keeper started on a's current lease. w.mu is
+// held.
+func (w *World) keepersOf(a *actor) []*keeperRec {
+	var out []*keeperRec
+	for _, r := range w.keepers {
+		if r.a == a && r.lease == a.lease {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// slotsKept reports whether a live keeper renews a's slots. w.mu is held.
+func (w *World) slotsKept(a *actor) bool {
+	for _, r := range w.active(a) {
+		if r.slots != nil && r.slots == a.slots {
+			return true
+		}
+	}
+	return false
+}
+
+// validOps lists the operations a may start now. w.mu is held.
+func (w *World) validOps(a *actor) []string {
+	if a.busy >= 2 || (w.mode.Serial && a.busy > 0) {
+		return nil
+	}
+	var out []string
+	add := func(kind string, ok bool) {
+		if ok && w.mode.Ops[kind] > 0 && (!structural[kind] || a.busy == 0) {
+			out = append(out, kind)
+		}
+	}
+	if a.lost {
+		add("abandon", true)
+		return out
+	}
+	act := w.active(a)
+	held := a.lease != nil
+	add("acquire", !held)
+	add("acquire-wait", !held)
+	add("renew", held)
+	add("write", held)
+	add("write-keeper-ctx", held && len(w.keepersOf(a)) > 0)
+	add("release", held && len(act) == 0)
+	keepable := held && len(act) < 2 && (!w.mode.OneKeeper || len(w.keepersOf(a)) == 0)
+	add("keep", keepable)
+	add("keep-shared", keepable && w.mode.Shared > 0)
+	add("stop", len(act) > 0)
+	add("keeper-release", len(act) > 0)
+	add("abandon", held || a.slots != nil)
+	add("close-renewer", w.mode.Shared > 0)
+	kept := w.slotsKept(a)
+	add("claim", held && a.slots == nil && len(w.mode.Scopes) > 0)
+	add("slots-renew", a.slots != nil && !kept)
+	add("slots-release", a.slots != nil && !kept)
+	return out
+}
+
+// startOp starts an operation of a random actor, and reports whether it
+// found one to start.
+func (w *World) startOp() bool {
+	a := w.actors[w.rng.IntN(len(w.actors))]
+	w.mu.Lock()
+	kinds := w.validOps(a)
+	w.mu.Unlock()
+	if len(kinds) == 0 {
+		return false
+	}
+	sort.Strings(kinds)
+	total := 0.0
+	for _, k := range kinds {
+		total += w.mode.Ops[k]
+	}
+	x := w.rng.Float64() * total
+	kind := kinds[len(kinds)-1]
+	for _, k := range kinds {
+		if x -= w.mode.Ops[k]; x < 0 {
+			kind = k
+			break
+		}
+	}
+	w.begin(a, kind)
+	return true
+}
+
+// launch runs body as operation desc of a, on a goroutine of its own, and
+// records that it must return within limit.
+func (w *World) launch(a *actor, desc string, limit time.Duration, body func(ctx context.Context, o *op) error) {
+	now := time.Now()
+	w.mu.Lock()
+	o := &op{id: len(w.ops) + 1, desc: desc, a: a, start: now, bound: now.Add(limit)}
+	w.ops = append(w.ops, o)
+	a.busy++
+	w.mu.Unlock()
+	w.tracef("start #%d d%d %s", o.id, a.id, desc)
+	go func() {
+		err := body(withOp(context.Background(), o.id), o)
+		w.tracef("done  #%d d%d %s: %v", o.id, a.id, desc, errText(err))
+		w.mu.Lock()
+		o.done = true
+		a.busy--
+		w.mu.Unlock()
+	}()
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	s := err.Error()
+	if len(s) > 160 {
+		s = s[:160] + "…"
+	}
+	return s
+}
+
+// setLease records a lease a just acquired.
+func (w *World) setLease(a *actor, l Lease) {
+	fence := l.Fence()
+	w.mu.Lock()
+	a.lease, a.fence, a.run, a.lost = l, fence, l.RunID(), false
+	w.mu.Unlock()
+}
+
+// markLost records that a call on a's lease reported it lost.
+func (w *World) markLost(a *actor, l Lease, err error) {
+	if !errors.Is(err, runlease.ErrLeaseLost) {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.lostAt[l]; !ok {
+		w.lostAt[l] = time.Now()
+	}
+	if a.lease == l {
+		a.lost = true
+	}
+}
+
+// begin starts one operation of kind for a.
+func (w *World) begin(a *actor, kind string) {
+	w.mu.Lock()
+	l, fence, run, slots := a.lease, a.fence, a.run, a.slots
+	act := w.active(a)
+	w.mu.Unlock()
+	ttl := w.mode.TTL
+	switch kind {
+	case "acquire":
+		run := fmt.Sprintf("r%d", w.rng.IntN(w.mode.Runs))
+		w.launch(a, "Acquire "+run, callTimeout+promptly, func(ctx context.Context, o *op) error {
+			ctx, cancel := context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+			l, err := w.api.Acquire(ctx, w.store, run, a.holder, ttl)
+			if err == nil {
+				w.setLease(a, l)
+			}
+			return err
+		})
+	case "acquire-wait":
+		run := fmt.Sprintf("r%d", w.rng.IntN(w.mode.Runs))
+		d := []time.Duration{300 * time.Millisecond, time.Second, 3 * time.Second, 8 * time.Second}[w.rng.IntN(4)]
+		w.launch(a, fmt.Sprintf("AcquireWait %s within %v", run, d), d+promptly, func(ctx context.Context, o *op) error {
+			ctx, cancel := context.WithTimeout(ctx, d)
+			defer cancel()
+			l, err := w.api.AcquireWait(ctx, w.store, run, a.holder, ttl, time.Second)
+			if err == nil {
+				w.setLease(a, l)
+			}
+			w.checkWaitErr(o, ctx, err)
+			return err
+		})
+	case "renew":
+		w.launch(a, "Renew "+run, callTimeout+promptly, func(ctx context.Context, o *op) error {
+			ctx, cancel := context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+			err := l.Renew(ctx)
+			w.checkLoss("Renew", l, run, a.holder, fence, err)
+			w.markLost(a, l, err)
+			return err
+		})
+	case "write", "write-keeper-ctx":
+		var work context.Context
+		if kind == "write-keeper-ctx" { // any keeper of the lease, ended or not
+			w.mu.Lock()
+			ks := w.keepersOf(a)
+			w.mu.Unlock()
+			work = ks[w.rng.IntN(len(ks))].work
+		}
+		w.launch(a, "Write "+run, callTimeout+promptly, func(ctx context.Context, o *op) error {
+			return w.write(ctx, o, a, l, run, fence, work)
+		})
+	case "release":
+		w.launch(a, "Release "+run, callTimeout+promptly, func(ctx context.Context, o *op) error {
+			ctx, cancel := context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+			w.mu.Lock()
+			w.releasing[l] = true
+			w.mu.Unlock()
+			err := l.Release(ctx)
+			w.checkLoss("Release", l, run, a.holder, fence, err)
+			w.markLost(a, l, err)
+			if err == nil {
+				w.checkReleased("Release", run, a.holder, fence)
+				w.mu.Lock()
+				a.lease = nil
+				w.mu.Unlock()
+			}
+			return err
+		})
+	case "keep", "keep-shared":
+		w.beginKeep(a, kind, l, run, fence, slots)
+	case "stop":
+		rec := act[w.rng.IntN(len(act))]
+		w.launch(a, fmt.Sprintf("Stop keeper k%d", rec.id), promptly, func(ctx context.Context, o *op) error {
+			rec.k.Stop()
+			w.mu.Lock()
+			rec.stopped = true
+			w.mu.Unlock()
+			return nil
+		})
+	case "keeper-release":
+		w.beginKeeperRelease(a, act, run, fence)
+	case "abandon":
+		w.launch(a, "abandon "+run, promptly, func(ctx context.Context, o *op) error {
+			w.stopAll(a)
+			w.mu.Lock()
+			a.lease, a.slots, a.lost = nil, nil, false
+			w.mu.Unlock()
+			return nil
+		})
+	case "close-renewer":
+		i := 1 + w.rng.IntN(w.mode.Shared)
+		w.launch(a, fmt.Sprintf("Close renewer R%d", i), promptly, func(ctx context.Context, o *op) error {
+			w.renewers[i-1].Close()
+			w.mu.Lock()
+			for _, r := range w.keepers {
+				if r.renewer == i {
+					r.stopped = true
+				}
+			}
+			w.mu.Unlock()
+			return nil
+		})
+	case "claim":
+		// A driver claims slots only right after it saw its lease hold, as
+		// the README asks; a stalled driver's claim is not promised anything.
+		if r, own := w.ownRow(run, a.holder, fence); !own || !r.live(w.storeNow()) {
+			return
+		}
+		w.beginClaim(a, run)
+	case "slots-renew":
+		w.launch(a, "Slots.Renew "+slots.RunID(), callTimeout+promptly, func(ctx context.Context, o *op) error {
+			ctx, cancel := context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+			err := slots.Renew(ctx)
+			w.checkSlotLoss("Slots.Renew", a, slots.RunID(), err)
+			return err
+		})
+	case "slots-release":
+		w.launch(a, "Slots.Release "+slots.RunID(), callTimeout+promptly, func(ctx context.Context, o *op) error {
+			ctx, cancel := context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+			err := slots.Release(ctx)
+			if err == nil {
+				w.checkSlotsFreed("Slots.Release", a, slots.RunID())
+				w.mu.Lock()
+				a.slots = nil
+				w.mu.Unlock()
+			}
+			return err
+		})
+	}
+}

@@ -1,0 +1,198 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/areev/runlease"
+)
+
+// write is a fenced write of a value no other write uses, through the work
+// context of a keeper when work is set.
+func (w *World) write(ctx context.Context, o *op, a *actor, l Lease, run string, fence uint64, work context.Context) error {
+	endedBefore := work != nil && work.Err() != nil
+	if work != nil {
+		ctx = context.WithValue(work, opKey{}, o.id)
+	}
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	value := fmt.Sprintf("v%d", o.id)
+	err := l.Write(ctx, runlease.Put("ckpt:"+run, value))
+	w.mu.Lock()
+	landed := w.userValues[value]
+	w.mu.Unlock()
+	subject := fmt.Sprintf("op%d", o.id)
+	switch {
+	case err == nil && !landed:
+		w.violate("write-not-landed", subject, "Write #%d of %s by %s (fence %d) returned nil, but %q is in no applied write",
+			o.id, run, a.holder, fence, value)
+	case err != nil && landed && !runlease.IsOutcomeUnknown(err):
+		w.violate("write-landed-reported-not", subject, "Write #%d of %s by %s landed %q but returned an error that rules it out: %v",
+			o.id, run, a.holder, value, err)
+	}
+	w.checkLoss("Write", l, run, a.holder, fence, err)
+	if endedBefore && err != nil && !errors.Is(err, runlease.ErrLeaseLost) && !errors.Is(err, context.Cause(work)) {
+		w.violate("ctx-cause", subject, "Write #%d through the work context of an ended keeper returned %v, "+
+			"which matches neither ErrLeaseLost nor the keeper's cause (%v)", o.id, err, context.Cause(work))
+	}
+	w.markLost(a, l, err)
+	return err
+}
+
+// beginKeep starts a keeper of a's lease, with a's slots if no keeper
+// renews them yet.
+func (w *World) beginKeep(a *actor, kind string, l Lease, run string, fence uint64, slots Slots) {
+	ri := 0
+	if w.mode.Shared > 0 && (kind == "keep-shared" || w.rng.IntN(2) == 0) {
+		ri = 1 + w.rng.IntN(w.mode.Shared)
+	}
+	w.mu.Lock()
+	if w.slotsKept(a) {
+		slots = nil
+	}
+	rec := &keeperRec{id: len(w.keepers) + 1, a: a, lease: l, run: run, holder: a.holder, fence: fence, slots: slots, renewer: ri}
+	w.mu.Unlock()
+	spec := KeepSpec{Slots: slots,
+		Lost: func(err error) {
+			w.checkLoss(fmt.Sprintf("keeper k%d (Lost hook)", rec.id), l, run, a.holder, fence, err)
+		},
+		SlotsLost: func(slotRun string, keys []string, err error) { w.onSlotsLost(rec, slotRun, keys, err) },
+	}
+	if w.mode.KeepTTL > 0 && w.rng.IntN(2) == 0 {
+		spec.TTL = w.mode.KeepTTL
+	}
+	var r Renewer
+	name := "own renewer"
+	if ri > 0 {
+		r, name = w.renewers[ri-1], fmt.Sprintf("R%d", ri)
+	}
+	desc := fmt.Sprintf("Keep k%d of %s on %s", rec.id, run, name)
+	if slots != nil {
+		desc += " with slots"
+	}
+	if spec.TTL > 0 {
+		desc += fmt.Sprintf(" WithTTL(%v)", spec.TTL)
+	}
+	w.launch(a, desc, promptly, func(ctx context.Context, o *op) error {
+		k, err := w.api.Keep(ctx, r, l, spec)
+		w.markLost(a, l, err)
+		if err != nil {
+			return err
+		}
+		rec.k, rec.work = k, k.Context()
+		w.mu.Lock()
+		w.keepers = append(w.keepers, rec)
+		w.mu.Unlock()
+		return nil
+	})
+}
+
+// stopAll stops every keeper of a not stopped yet.
+func (w *World) stopAll(a *actor) {
+	w.mu.Lock()
+	var recs []*keeperRec
+	for _, r := range w.keepers {
+		if r.a == a && !r.stopped {
+			recs = append(recs, r)
+		}
+	}
+	w.mu.Unlock()
+	for _, r := range recs {
+		r.k.Stop()
+		w.mu.Lock()
+		r.stopped = true
+		w.mu.Unlock()
+	}
+}
+
+// beginKeeperRelease stops a's other keepers, then releases through one.
+func (w *World) beginKeeperRelease(a *actor, act []*keeperRec, run string, fence uint64) {
+	rec := act[w.rng.IntN(len(act))]
+	const within = 500 * time.Millisecond
+	w.launch(a, fmt.Sprintf("Keeper.Release k%d of %s", rec.id, run), within+promptly, func(ctx context.Context, o *op) error {
+		w.mu.Lock()
+		var others []*keeperRec
+		for _, r := range w.keepers {
+			if r.a == a && r != rec && !r.stopped {
+				others = append(others, r)
+			}
+		}
+		w.mu.Unlock()
+		for _, r := range others {
+			r.k.Stop()
+			w.mu.Lock()
+			r.stopped = true
+			w.mu.Unlock()
+		}
+		ctx, cancel := context.WithTimeout(ctx, within)
+		defer cancel()
+		w.mu.Lock()
+		w.releasing[rec.lease] = true
+		w.mu.Unlock()
+		err := rec.k.Release(ctx)
+		w.mu.Lock()
+		rec.stopped = true
+		if rec.slots != nil && a.slots == rec.slots {
+			a.slots = nil
+		}
+		w.mu.Unlock()
+		w.checkLoss("Keeper.Release", rec.lease, run, a.holder, fence, err)
+		if err == nil {
+			w.checkReleased("Keeper.Release", run, a.holder, fence)
+			if rec.slots != nil {
+				w.checkSlotsFreed("Keeper.Release", a, rec.slots.RunID())
+			}
+			w.mu.Lock()
+			a.lease = nil
+			w.mu.Unlock()
+		} else {
+			w.markLost(a, rec.lease, err)
+			w.mu.Lock()
+			a.lost = true // the driver gives the lease up and starts again
+			w.mu.Unlock()
+		}
+		return err
+	})
+}
+
+// beginClaim claims, for the run of a's lease, slots of a random non-empty
+// set of the mode's scopes.
+func (w *World) beginClaim(a *actor, run string) {
+	var specs []ScopeSpec
+	for len(specs) == 0 {
+		for _, sc := range w.mode.Scopes {
+			if w.rng.IntN(2) == 0 {
+				if w.mode.Mixed && a.id%2 == 1 {
+					sc.Limit++
+				}
+				specs = append(specs, sc)
+			}
+		}
+	}
+	limits := map[string]int{}
+	for _, sc := range specs {
+		limits[sc.Name] = sc.Limit
+	}
+	w.launch(a, fmt.Sprintf("ClaimSlots %s %v", run, specs), callTimeout+promptly, func(ctx context.Context, o *op) error {
+		w.mu.Lock()
+		a.slotRun = run
+		w.claims[run] = &claimRec{limits: limits, interfered: map[string]bool{}}
+		w.mu.Unlock()
+		ctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		s, err := w.api.ClaimSlots(ctx, w.store, run, specs, w.mode.TTL)
+		w.mu.Lock()
+		delete(w.claims, run)
+		if err == nil {
+			a.slots = s
+			for _, h := range s.Held() {
+				delete(w.slotLosses, run+"|"+h.Key)
+			}
+		}
+		w.mu.Unlock()
+		w.checkClaimFault(o, run, err)
+		return err
+	})
+}

@@ -1,0 +1,388 @@
+package sim
+
+import (
+	"context"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/areev/runlease"
+)
+
+// watcher is told of every write the store applies, under the store's
+// mutex, at the instant it takes effect.
+type watcher interface {
+	applied(key string, old *string, now *string, at time.Time, op int)
+}
+
+// opKey tags a context with the id of the workload operation it serves, so
+// the store can keep a log of each operation's calls.
+type opKey struct{}
+
+func withOp(ctx context.Context, id int) context.Context { return context.WithValue(ctx, opKey{}, id) }
+
+func opOf(ctx context.Context) int {
+	id, _ := ctx.Value(opKey{}).(int)
+	return id
+}
+
+// callRecord is one store call of an operation, as the store served it.
+type callRecord struct {
+	op      string
+	key     string
+	outcome Outcome
+	applied bool
+	ctxCut  bool            // the call ended because its context did
+	conds   []runlease.Cond // a batch's conditions
+}
+
+// Store is an in-memory runlease store whose every call's outcome is chosen
+// by a seeded decider under the current weather. It implements
+// runlease.Store, Batcher, MultiCASer and Clock. Calls never block, except
+// those given a hang, which wait for their context to end.
+type Store struct {
+	mu      sync.Mutex
+	rows    map[string]string
+	offset  time.Duration // the store clock minus the bubble's clock
+	dec     decider
+	weather Weather
+	yield   float64 // chance that a call yields to other goroutines first
+	hung    int
+	heal    chan struct{} // closed at teardown: hung calls return, faults stop
+	healed  bool
+	watch   watcher
+	logs    map[int][]callRecord
+	writer  int // the operation whose call is applying, while one is
+	trace   func(format string, a ...any)
+}
+
+func newStore(seed uint64, w watcher, trace func(string, ...any)) *Store {
+	return &Store{rows: map[string]string{}, dec: decider{seed: seed, count: map[string]uint64{}},
+		weather: healthy, heal: make(chan struct{}), watch: w, logs: map[int][]callRecord{}, trace: trace}
+}
+
+// ClockNow is the store's clock: the bubble's clock plus the steps taken.
+func (s *Store) ClockNow() (time.Time, time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Now().Add(s.offset), 0
+}
+
+func (s *Store) nowLocked() time.Time { return time.Now().Add(s.offset) }
+
+// Hung returns how many calls are waiting for their context to end.
+func (s *Store) Hung() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hung
+}
+
+// Peek returns the row at key without a fault, for checkers.
+func (s *Store) Peek(key string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.rows[key]
+	return v, ok
+}
+
+// Scan returns the rows under prefix without a fault, for checkers.
+func (s *Store) Scan(prefix string) []runlease.Row {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.scanLocked(prefix)
+}
+
+func (s *Store) scanLocked(prefix string) []runlease.Row {
+	var out []runlease.Row
+	for k, v := range s.rows {
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, runlease.Row{Key: k, Value: v})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
+
+func (s *Store) log(id int) []callRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]callRecord(nil), s.logs[id]...)
+}
+
+// begin decides the outcome of a call. A call whose context has ended is
+// refused as not applied, as the Store contract requires.
+func (s *Store) begin(ctx context.Context, op, key string, class Class) (Outcome, error) {
+	if err := ctx.Err(); err != nil {
+		return Fail, &runlease.StorageError{Op: op, Key: key, Err: err}
+	}
+	s.mu.Lock()
+	x, r := s.dec.draw(op, key)
+	o := OK
+	if !s.healed {
+		o = s.weather.Rates[class].pick(x)
+	}
+	yield := r.Float64() < s.yield
+	s.mu.Unlock()
+	if yield {
+		runtime.Gosched() // let a racing goroutine in between the calls
+	}
+	return o, nil
+}
+
+// finish waits out a hang and turns an outcome into the error to return.
+// apply runs under the store's mutex when the outcome applies the call.
+func (s *Store) finish(ctx context.Context, op, key string, o Outcome, conds []runlease.Cond, apply func() bool) (bool, error) {
+	rec := callRecord{op: op, key: key, outcome: o, conds: conds}
+	var cause error = errInjected
+	if o == Hang || o == HangApplied {
+		s.mu.Lock()
+		s.hung++
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			cause, rec.ctxCut = ctx.Err(), true
+		case <-s.heal:
+		}
+		s.mu.Lock()
+		s.hung--
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ok := false
+	if o == OK || o == Lost || o == HangApplied {
+		s.writer = opOf(ctx)
+		ok = apply()
+		s.writer = 0
+		rec.applied = ok
+	}
+	s.logs[opOf(ctx)] = append(s.logs[opOf(ctx)], rec)
+	if o != OK {
+		s.trace("  %s %s → %s", op, key, o)
+	}
+	switch o {
+	case OK:
+		return ok, nil
+	case Fail:
+		return false, &runlease.StorageError{Op: op, Key: key, Err: cause}
+	}
+	return false, &runlease.StorageError{Op: op, Key: key, Unknown: true, Err: cause}
+}
+
+// put applies a write (value nil: delete) under the mutex.
+func (s *Store) putLocked(key string, value *string) {
+	var old *string
+	if v, ok := s.rows[key]; ok {
+		old = &v
+	}
+	if value == nil {
+		delete(s.rows, key)
+	} else {
+		s.rows[key] = *value
+	}
+	s.watch.applied(key, old, value, s.nowLocked(), s.writer)
+}
+
+func (s *Store) holds(key string, expected *string) bool {
+	v, ok := s.rows[key]
+	if expected == nil {
+		return !ok
+	}
+	return ok && v == *expected
+}
+
+func classOf(key string) Class {
+	if strings.HasPrefix(key, runlease.SlotPrefix) {
+		return SlotWrite
+	}
+	return LeaseWrite
+}
+
+// MetaGet implements runlease.Store.
+func (s *Store) MetaGet(ctx context.Context, key string) (string, bool, error) {
+	o, err := s.begin(ctx, "MetaGet", key, Read)
+	if err != nil {
+		return "", false, err
+	}
+	if o != OK && o != Fail {
+		o = Hang
+	}
+	var v string
+	var found bool
+	_, err = s.finish(ctx, "MetaGet", key, o, nil, func() bool { v, found = s.rows[key]; return true })
+	if err != nil {
+		return "", false, notApplied(err)
+	}
+	return v, found, nil
+}
+
+// MetaScan implements runlease.Store.
+func (s *Store) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, error) {
+	o, err := s.begin(ctx, "MetaScan", prefix, Read)
+	if err != nil {
+		return nil, err
+	}
+	if o != OK && o != Fail {
+		o = Hang
+	}
+	var rows []runlease.Row
+	_, err = s.finish(ctx, "MetaScan", prefix, o, nil, func() bool { rows = s.scanLocked(prefix); return true })
+	if err != nil {
+		return nil, notApplied(err)
+	}
+	return rows, nil
+}
+
+// notApplied marks a failed read as certainly not applied.
+func notApplied(err error) error {
+	if se, ok := err.(*runlease.StorageError); ok {
+		se.Unknown = false
+	}
+	return err
+}
+
+// MetaCAS implements runlease.Store.
+func (s *Store) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
+	if err := firstErr(runlease.CheckKey(key), runlease.CheckValue(value)); err != nil {
+		return false, err
+	}
+	o, err := s.begin(ctx, "MetaCAS", key, classOf(key))
+	if err != nil {
+		return false, err
+	}
+	return s.finish(ctx, "MetaCAS", key, o, nil, func() bool {
+		if !s.holds(key, expected) {
+			return false
+		}
+		s.putLocked(key, &value)
+		return true
+	})
+}
+
+// MetaDelete implements runlease.Store.
+func (s *Store) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
+	if err := runlease.CheckKey(key); err != nil {
+		return false, err
+	}
+	o, err := s.begin(ctx, "MetaDelete", key, classOf(key))
+	if err != nil {
+		return false, err
+	}
+	return s.finish(ctx, "MetaDelete", key, o, nil, func() bool {
+		if !s.holds(key, &expected) {
+			return false
+		}
+		s.putLocked(key, nil)
+		return true
+	})
+}
+
+// MetaBatch implements runlease.Batcher.
+func (s *Store) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runlease.Op) (bool, error) {
+	if err := runlease.CheckBatch(conds, ops); err != nil {
+		return false, err
+	}
+	class, key := LeaseWrite, ops[0].Key
+	for _, op := range ops {
+		switch {
+		case strings.HasPrefix(op.Key, runlease.SlotPrefix):
+			class = SlotWrite
+		case !strings.HasPrefix(op.Key, runlease.LeasePrefix):
+			class = UserBatch
+		}
+	}
+	if len(conds) > 0 {
+		key = conds[0].Key
+	}
+	o, err := s.begin(ctx, "MetaBatch", key, class)
+	if err != nil {
+		return false, err
+	}
+	return s.finish(ctx, "MetaBatch", key, o, conds, func() bool {
+		for _, c := range conds {
+			if !s.holds(c.Key, c.Value) {
+				return false
+			}
+		}
+		for _, op := range ops {
+			if op.Delete {
+				s.putLocked(op.Key, nil)
+			} else {
+				v := op.Value
+				s.putLocked(op.Key, &v)
+			}
+		}
+		return true
+	})
+}
+
+// MetaCASMany implements runlease.MultiCASer. A lost reply may have applied
+// any subset of the writes, as the interface allows.
+func (s *Store) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]bool, error) {
+	if err := runlease.CheckCASMany(writes); err != nil {
+		return nil, err
+	}
+	key := ""
+	if len(writes) > 0 {
+		key = writes[0].Key
+	}
+	o, err := s.begin(ctx, "MetaCASMany", key, MultiCAS)
+	if err != nil {
+		return nil, err
+	}
+	swapped := make([]bool, len(writes))
+	_, err = s.finish(ctx, "MetaCASMany", key, o, nil, func() bool {
+		for i, w := range writes {
+			if o == Lost && i%2 == 1 && len(writes) > 1 {
+				continue // part of a lost call did not apply
+			}
+			if s.holds(w.Key, w.Expected) {
+				v := w.Value
+				s.putLocked(w.Key, &v)
+				swapped[i] = true
+			}
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	return swapped, nil
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setWeather changes the store's health from now on.
+func (s *Store) setWeather(w Weather) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.healed {
+		s.weather = w
+	}
+}
+
+// stepClock moves the store's clock by d.
+func (s *Store) stepClock(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.offset += d
+}
+
+// healAll ends every hang and every fault, for the teardown.
+func (s *Store) healAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.healed {
+		s.healed = true
+		close(s.heal)
+	}
+}

@@ -1,0 +1,165 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/areev/runlease"
+)
+
+// Violation is one broken promise, found at one instant of a schedule.
+type Violation struct {
+	Check  string        // the checker that fired, such as "exclusive-trust"
+	At     time.Duration // fake time since the schedule began
+	Detail string
+}
+
+func (v Violation) String() string {
+	return fmt.Sprintf("[%s] t=%s: %s", v.Check, fmtDur(v.At), v.Detail)
+}
+
+// actor is one run driver: a holder that takes leases on the shared runs
+// and claims slots for a run id of its own.
+type actor struct {
+	id      int
+	holder  string
+	slotRun string // the run its slots are claimed for: the run of its lease at the claim
+	busy    int    // operations in flight
+
+	lease Lease // nil when it holds none
+	fence uint64
+	run   string
+	lost  bool // a call on lease reported it lost: the driver must drop it
+	slots Slots
+}
+
+// keeperRec is a keeper the workload started.
+type keeperRec struct {
+	id      int
+	k       Keeper
+	a       *actor
+	lease   Lease
+	run     string
+	holder  string
+	fence   uint64
+	work    context.Context // the work context, taken when it was started
+	slots   Slots
+	renewer int // 0: a Renewer of its own
+	stopped bool
+	trusted time.Time // TrustedUntil at the last fresh look
+}
+
+// op is one workload operation in flight or done.
+type op struct {
+	id      int
+	desc    string
+	a       *actor
+	start   time.Time
+	bound   time.Time // it must have returned by then
+	done    bool
+	overdue bool
+}
+
+// claimRec is a ClaimSlots in flight, for the claim-limit checker.
+type claimRec struct {
+	limits     map[string]int
+	interfered map[string]bool // another run took a slot of the scope meanwhile
+}
+
+// World is one schedule: the store, the drivers, and what the checkers
+// know. Its mutex is never held across a library or store call.
+type World struct {
+	mode  Mode
+	seed  uint64
+	api   API
+	store *Store
+	rng   *rand.Rand
+	mon   *Monitor
+	start time.Time
+
+	mu          sync.Mutex
+	actors      []*actor
+	keepers     []*keeperRec
+	ops         []*op
+	renewers    []Renewer
+	violations  []Violation
+	seen        map[string]bool      // checks already reported, to report each once
+	lostAt      map[Lease]time.Time  // when a call on the lease first reported it lost
+	slotLosses  map[string]bool      // slot run + key reported lost by a hook
+	claims      map[string]*claimRec // slot run → its claim in flight
+	userValues  map[string]bool      // every user value a fenced write landed
+	writer      map[string]*actor    // key → the driver whose operation last wrote it, when known
+	releasing   map[Lease]bool       // leases whose driver called a release
+	fenceHolder map[string]string    // run|fence → the holder granted it first
+}
+
+// violate records a violation, once per check and subject.
+func (w *World) violate(check, subject, format string, a ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	id := check + "|" + subject
+	if w.seen[id] {
+		return
+	}
+	w.seen[id] = true
+	v := Violation{Check: check, At: time.Since(w.start), Detail: fmt.Sprintf(format, a...)}
+	w.violations = append(w.violations, v)
+	w.mon.tracef("!! %s", v)
+}
+
+func (w *World) tracef(format string, a ...any) {
+	w.mon.tracef("t=%s %s", fmtDur(time.Since(w.start)), fmt.Sprintf(format, a...))
+}
+
+func fmtDur(d time.Duration) string { return fmt.Sprintf("%.4fs", d.Seconds()) }
+
+// row is a decoded lease or slot row.
+type row struct {
+	Holder  string `json:"holder"`
+	Fence   uint64 `json:"fence"`
+	UntilMS int64  `json:"until_ms"`
+}
+
+func decode(raw string) (row, bool) {
+	var r row
+	return r, json.Unmarshal([]byte(raw), &r) == nil
+}
+
+// live reports whether r is held at now by the store clock.
+func (r row) live(now time.Time) bool { return r.Holder != "" && r.UntilMS > now.UnixMilli() }
+
+// remaining is how long r stays live after now, exactly.
+func (r row) remaining(now time.Time) time.Duration {
+	return time.UnixMilli(r.UntilMS).Sub(now)
+}
+
+// leaseRow reads a run's lease row without a fault.
+func (w *World) leaseRow(run string) (row, bool) {
+	raw, ok := w.store.Peek(runlease.LeasePrefix + run)
+	if !ok {
+		return row{}, false
+	}
+	return decode(raw)
+}
+
+func (w *World) storeNow() time.Time { t, _ := w.store.ClockNow(); return t }
+
+// ownRow reports whether run's row is the one of holder at fence.
+func (w *World) ownRow(run, holder string, fence uint64) (row, bool) {
+	r, ok := w.leaseRow(run)
+	return r, ok && r.Holder == holder && r.Fence == fence
+}
+
+// slotScope returns the scope of a slot key.
+func slotScope(key string) string {
+	rest := strings.TrimPrefix(key, runlease.SlotPrefix)
+	if i := strings.LastIndexByte(rest, ':'); i >= 0 {
+		return rest[:i]
+	}
+	return rest
+}

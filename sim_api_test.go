@@ -1,0 +1,96 @@
+package runlease_test
+
+// This file is the simulation's only contact with the parts of the API
+// that may change: option names, constructor signatures, hook shapes. The
+// harness in internal/sim drives the library through sim.API alone.
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/sim"
+)
+
+// simAPI implements sim.API with the real library.
+type simAPI struct{}
+
+func (simAPI) Acquire(ctx context.Context, s runlease.Store, runID, holder string, ttl time.Duration) (sim.Lease, error) {
+	l, err := runlease.Acquire(ctx, s, runID, holder, runlease.WithTTL(ttl))
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (simAPI) AcquireWait(ctx context.Context, s runlease.Store, runID, holder string, ttl, poll time.Duration) (sim.Lease, error) {
+	l, err := runlease.AcquireWait(ctx, s, runID, holder, runlease.WithTTL(ttl), runlease.WithWaitPoll(poll))
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (simAPI) ClaimSlots(ctx context.Context, s runlease.Store, runID string, specs []sim.ScopeSpec, ttl time.Duration) (sim.Slots, error) {
+	scopes := make([]runlease.Scope, len(specs))
+	for i, sc := range specs {
+		if p, ok := strings.CutPrefix(sc.Name, "principal:"); ok {
+			scopes[i] = runlease.PrincipalScope(p, sc.Limit)
+		} else {
+			scopes[i] = runlease.NamedScope(sc.Name, sc.Limit)
+		}
+	}
+	sl, err := runlease.ClaimSlots(ctx, s, runID, scopes, runlease.WithTTL(ttl))
+	if err != nil {
+		return nil, err
+	}
+	return simSlots{sl}, nil
+}
+
+func (simAPI) NewRenewer() sim.Renewer { return &runlease.Renewer{} }
+
+func (simAPI) Keep(ctx context.Context, r sim.Renewer, l sim.Lease, spec sim.KeepSpec) (sim.Keeper, error) {
+	opts := []runlease.Option{runlease.WithHooks(runlease.Hooks{
+		Lost: func(ev runlease.LossEvent) { spec.Lost(ev.Err) },
+		SlotsLost: func(ev runlease.SlotLossEvent) {
+			spec.SlotsLost(ev.Err.RunID, ev.Err.Keys, ev.Err)
+		},
+	})}
+	if spec.Slots != nil {
+		opts = append(opts, runlease.KeepSlots(spec.Slots.(simSlots).s))
+	}
+	if spec.TTL != 0 {
+		opts = append(opts, runlease.WithTTL(spec.TTL))
+	}
+	lease := l.(*runlease.Lease)
+	var k *runlease.Keeper
+	var err error
+	if r == nil {
+		k, err = runlease.Keep(ctx, lease, opts...)
+	} else {
+		k, err = r.(*runlease.Renewer).Keep(ctx, lease, opts...)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+func (simAPI) IsKeeperStopped(err error) bool { return errors.Is(err, runlease.ErrKeeperStopped) }
+
+// simSlots adapts *runlease.Slots to sim.Slots.
+type simSlots struct{ s *runlease.Slots }
+
+func (s simSlots) RunID() string                     { return s.s.RunID() }
+func (s simSlots) Renew(ctx context.Context) error   { return s.s.Renew(ctx) }
+func (s simSlots) Release(ctx context.Context) error { return s.s.Release(ctx) }
+
+func (s simSlots) Held() []sim.HeldSlot {
+	var out []sim.HeldSlot
+	for _, h := range s.s.Held() {
+		out = append(out, sim.HeldSlot{Scope: h.Scope, Key: h.Key, Until: h.Until})
+	}
+	return out
+}

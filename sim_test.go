@@ -1,0 +1,212 @@
+package runlease_test
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/areev/runlease/internal/sim"
+)
+
+// Environment variables of TestSimulation.
+const (
+	envSchedules = "RUNLEASE_DSIM_SCHEDULES" // schedules of the random sweep, over all modes (default simDefaultSchedules)
+	envModes     = "RUNLEASE_DSIM_MODES"     // comma-separated modes of the sweep (default: all but clock)
+	envBase      = "RUNLEASE_DSIM_BASE"      // first seed of the sweep (default 1)
+	envSeed      = "RUNLEASE_DSIM_SEED"      // replay one seed (with RUNLEASE_DSIM_MODE), printing its trace
+	envMode      = "RUNLEASE_DSIM_MODE"
+	envStall     = "RUNLEASE_DSIM_STALL"  // real time without progress that counts as a hang (default 10s)
+	envSurvey    = "RUNLEASE_DSIM_SURVEY" // when set, sweep without failing fast and list, per mode and checker, the seeds that fire it
+)
+
+// simDefaultSchedules is the size of the sweep CI runs.
+const simDefaultSchedules = 10_000
+
+// simMaxFailures is how many failing schedules of one mode the sweep
+// reports before it moves on to the next mode.
+const simMaxFailures = 3
+
+// TestSimulationModes runs the committed regression schedules, then a sweep of
+// random schedules of every workload mode (see internal/sim). Each failure
+// prints its seed, the command that replays it, the violations and a trace.
+func TestSimulationModes(t *testing.T) {
+	if seed := os.Getenv(envSeed); seed != "" {
+		n, err := strconv.ParseUint(seed, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", envSeed, seed, err)
+		}
+		mode := simMode(t, os.Getenv(envMode))
+		rep := runSimSchedule(t, mode, n)
+		t.Logf("full trace:\n%s", strings.Join(rep.Trace, "\n"))
+		return
+	}
+	t.Run("regression", func(t *testing.T) {
+		for _, c := range loadSimRegressions(t) {
+			t.Run(fmt.Sprintf("mode=%s/seed=%d", c.mode, c.seed), func(t *testing.T) {
+				runSimSchedule(t, simMode(t, c.mode), c.seed)
+			})
+		}
+	})
+	total := simModesEnvInt(t, envSchedules, simDefaultSchedules)
+	base := simModesEnvInt(t, envBase, 1)
+	modes := sim.ModeNames()
+	if s := os.Getenv(envModes); s != "" {
+		modes = strings.Split(s, ",")
+	}
+	if os.Getenv(envSurvey) != "" {
+		for _, name := range modes {
+			surveySim(t, simMode(t, name), uint64(base), total/len(modes))
+		}
+		return
+	}
+	for _, name := range modes {
+		mode := simMode(t, name)
+		t.Run("mode="+name, func(t *testing.T) {
+			failures := 0
+			per := total / len(modes)
+			for i := range per {
+				seed := uint64(base + i)
+				ok := t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { runSimSchedule(t, mode, seed) })
+				if !ok {
+					if failures++; failures == simMaxFailures {
+						t.Logf("stopped after %d failing schedules of %d", failures, i+1)
+						return
+					}
+				}
+			}
+		})
+	}
+}
+
+// runSchedule plays one schedule in a bubble of its own and fails t with
+// the report when a checker fires.
+func runSimSchedule(t *testing.T, mode sim.Mode, seed uint64) *sim.Report {
+	t.Helper()
+	replay := fmt.Sprintf("go test -run 'TestSimulationModes/mode=%s/seed=%d$' -count=1 .   (or %s=%d %s=%s go test -run TestSimulationModes -count=1 .)",
+		mode.Name, seed, envSeed, seed, envMode, mode.Name)
+	mon := sim.NewMonitor(fmt.Sprintf("mode %s seed %d\nreplay: %s", mode.Name, seed, replay))
+	stall := 10 * time.Second
+	if s := os.Getenv(envStall); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", envStall, s, err)
+		}
+		stall = d
+	}
+	defer mon.Watch(stall, os.Stderr)()
+	var rep *sim.Report
+	synctest.Test(t, func(t *testing.T) { rep = sim.Run(mode, seed, simAPI{}, mon) })
+	if rep.Failed() {
+		t.Errorf("%s\nreplay: %s", rep, replay)
+	}
+	return rep
+}
+
+func simMode(t *testing.T, name string) sim.Mode {
+	t.Helper()
+	m, ok := sim.Modes[name]
+	if !ok {
+		t.Fatalf("unknown simulation mode %q; the modes are:\n%s", name, sim.Describe())
+	}
+	return m
+}
+
+func simModesEnvInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		t.Fatalf("%s=%q is not a count", name, s)
+	}
+	return n
+}
+
+// simRegression is a committed schedule that found a bug.
+type simRegression struct {
+	mode string
+	seed uint64
+}
+
+// loadSimRegressions reads testdata/sim/regressions.txt: one "mode seed"
+// per line, then free text; '#' starts a comment line.
+func loadSimRegressions(t *testing.T) []simRegression {
+	t.Helper()
+	f, err := os.Open("testdata/sim/regressions.txt")
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []simRegression
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 || strings.HasPrefix(fields[0], "#") {
+			continue
+		}
+		seed, err := strconv.ParseUint(fields[1], 10, 64)
+		if err != nil {
+			t.Fatalf("regressions.txt: %q: %v", sc.Text(), err)
+		}
+		out = append(out, simRegression{fields[0], seed})
+	}
+	return out
+}
+
+// surveySim plays n schedules of mode from seed base on and reports, per
+// checker, how many schedules it fired in, the first seeds, and one
+// violation as an example.
+func surveySim(t *testing.T, mode sim.Mode, base uint64, n int) {
+	type tally struct {
+		count   int
+		seeds   []uint64
+		example string
+	}
+	tallies := map[string]*tally{}
+	var order []string
+	for i := range n {
+		seed := base + uint64(i)
+		mon := sim.NewMonitor(fmt.Sprintf("mode %s seed %d (survey)", mode.Name, seed))
+		stop := mon.Watch(10*time.Second, os.Stderr)
+		var rep *sim.Report
+		synctest.Test(t, func(t *testing.T) { rep = sim.Run(mode, seed, simAPI{}, mon) })
+		stop()
+		seen := map[string]bool{}
+		for _, v := range rep.Violations {
+			if seen[v.Check] {
+				continue
+			}
+			seen[v.Check] = true
+			ty := tallies[v.Check]
+			if ty == nil {
+				ty = &tally{example: v.Detail}
+				tallies[v.Check] = ty
+				order = append(order, v.Check)
+			}
+			ty.count++
+			if len(ty.seeds) < 5 {
+				ty.seeds = append(ty.seeds, seed)
+			}
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "mode %s: %d schedules from seed %d\n", mode.Name, n, base)
+	for _, c := range order {
+		ty := tallies[c]
+		fmt.Fprintf(&b, "  %-26s %5d schedules, seeds %v\n      e.g. %s\n", c, ty.count, ty.seeds, ty.example)
+	}
+	t.Log(b.String())
+	if len(order) > 0 {
+		t.Fail()
+	}
+}
