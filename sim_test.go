@@ -22,9 +22,11 @@ const (
 	envMode      = "RUNLEASE_DSIM_MODE"
 	envStall     = "RUNLEASE_DSIM_STALL"  // real time without progress that counts as a hang (default 10s)
 	envSurvey    = "RUNLEASE_DSIM_SURVEY" // when set, sweep without failing fast and list, per mode and checker, the seeds that fire it
+	envStrict    = "RUNLEASE_DSIM_STRICT" // when set, the open findings of testdata/sim/known.txt fail the test too
 )
 
-// simDefaultSchedules is the size of the sweep CI runs.
+// simDefaultSchedules is the size of the sweep CI runs: about 25 s on one
+// core. Under the race detector the sweep is a tenth of it.
 const simDefaultSchedules = 10_000
 
 // simMaxFailures is how many failing schedules of one mode the sweep
@@ -52,7 +54,11 @@ func TestSimulationModes(t *testing.T) {
 			})
 		}
 	})
-	total := simModesEnvInt(t, envSchedules, simDefaultSchedules)
+	def := simDefaultSchedules
+	if raceEnabled {
+		def /= 10
+	}
+	total := simModesEnvInt(t, envSchedules, def)
 	base := simModesEnvInt(t, envBase, 1)
 	modes := sim.ModeNames()
 	if s := os.Getenv(envModes); s != "" {
@@ -87,6 +93,7 @@ func TestSimulationModes(t *testing.T) {
 // the report when a checker fires.
 func runSimSchedule(t *testing.T, mode sim.Mode, seed uint64) *sim.Report {
 	t.Helper()
+	known := loadKnownFindings(t)
 	replay := fmt.Sprintf("go test -run 'TestSimulationModes/mode=%s/seed=%d$' -count=1 .   (or %s=%d %s=%s go test -run TestSimulationModes -count=1 .)",
 		mode.Name, seed, envSeed, seed, envMode, mode.Name)
 	mon := sim.NewMonitor(fmt.Sprintf("mode %s seed %d\nreplay: %s", mode.Name, seed, replay))
@@ -101,10 +108,41 @@ func runSimSchedule(t *testing.T, mode sim.Mode, seed uint64) *sim.Report {
 	defer mon.Watch(stall, os.Stderr)()
 	var rep *sim.Report
 	synctest.Test(t, func(t *testing.T) { rep = sim.Run(mode, seed, simAPI{}, mon) })
-	if rep.Failed() {
+	var knownFired []string
+	for _, c := range rep.Checks() {
+		if known[mode.Name+" "+c] != "" && os.Getenv(envStrict) == "" {
+			knownFired = append(knownFired, c)
+		}
+	}
+	switch {
+	case len(knownFired) < len(rep.Checks()):
 		t.Errorf("%s\nreplay: %s", rep, replay)
+	case len(knownFired) > 0:
+		t.Logf("open finding(s) %v, listed in testdata/sim/known.txt (%s=1 fails on them): replay: %s", knownFired, envStrict, replay)
 	}
 	return rep
+}
+
+// loadKnownFindings reads testdata/sim/known.txt: "mode checker reason"
+// per line, the findings on the current tree that are reported but do not
+// fail the sweep until they are fixed; '#' starts a comment line.
+func loadKnownFindings(t *testing.T) map[string]string {
+	t.Helper()
+	known := map[string]string{}
+	data, err := os.ReadFile("testdata/sim/known.txt")
+	if os.IsNotExist(err) {
+		return known
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 3 && !strings.HasPrefix(f[0], "#") {
+			known[f[0]+" "+f[1]] = strings.Join(f[2:], " ")
+		}
+	}
+	return known
 }
 
 func simMode(t *testing.T, name string) sim.Mode {

@@ -17,7 +17,11 @@ import (
 // on: a lease being given up is not to be trusted while the outcome of its
 // release is in doubt.
 func (w *World) checkLoss(call string, l Lease, run, holder string, fence uint64, err error) {
-	if !errors.Is(err, runlease.ErrLeaseLost) || errors.Is(err, runlease.ErrTrustExpired) {
+	if errors.Is(err, runlease.ErrTrustExpired) {
+		w.checkTrustExpiry(call, l, run, err)
+		return
+	}
+	if !errors.Is(err, runlease.ErrLeaseLost) {
 		return
 	}
 	w.mu.Lock()
@@ -30,6 +34,28 @@ func (w *World) checkLoss(call string, l Lease, run, holder string, fence uint64
 		w.violate("false-lease-loss", fmt.Sprintf("%s|%s|%d|%s", run, holder, fence, call),
 			"%s of %s by %s (fence %d) reported the lease lost while the row is its own (until_ms %d): %v",
 			call, run, holder, fence, r.UntilMS, err)
+	}
+}
+
+// checkTrustExpiry: a trust window cannot have run out sooner than TTL
+// minus the margin after a call on the lease that succeeded began.
+func (w *World) checkTrustExpiry(call string, l Lease, run string, err error) {
+	w.mu.Lock()
+	start, ok := w.confirmed[l]
+	w.mu.Unlock()
+	if end := start.Add(w.mode.TTL - w.mode.Margin()); ok && time.Now().Before(end) {
+		w.violate("false-trust-expiry", fmt.Sprintf("%s|%s", run, call),
+			"%s of %s reported the trust window run out, %s after a call on the lease that began at t=%s succeeded: %v",
+			call, run, fmtDur(time.Since(start)), fmtDur(start.Sub(w.start)), err)
+	}
+}
+
+// confirm records that a call on l that began at start succeeded.
+func (w *World) confirm(l Lease, start time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if start.After(w.confirmed[l]) {
+		w.confirmed[l] = start
 	}
 }
 

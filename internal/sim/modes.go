@@ -60,6 +60,8 @@ var (
 	hanging = Weather{Name: "hanging", Rates: [numClasses]Rates{
 		LeaseWrite: {Hang: 0.2, HangApplied: 0.1}, UserBatch: {Hang: 0.3, HangApplied: 0.2},
 		MultiCAS: {Hang: 0.4, HangApplied: 0.2}, SlotWrite: {Hang: 0.2}, Read: {Hang: 0.1}}}
+	// blind loses every write's reply and fails every read.
+	blind = Weather{Name: "blind", Rates: [numClasses]Rates{LeaseWrite: rates(0, 0.6, 0.4), Read: {Fail: 1}}}
 	// unsentSlots loses slot writes with an unknown outcome; reads work.
 	unsentSlots = Weather{Name: "unsent-slots", Rates: [numClasses]Rates{SlotWrite: rates(0, 0.2, 0.5)}}
 	batchHang   = Weather{Name: "batch-hang", Rates: [numClasses]Rates{MultiCAS: {Hang: 0.5, HangApplied: 0.2}}}
@@ -108,6 +110,9 @@ func init() {
 		Actors: 2, Runs: 2, OpP: 0.7, WeatherP: 0.08,
 		Ops:     map[string]float64{"acquire": 2, "renew": 4, "write": 4, "release": 0.5, "abandon": 0.3},
 		Weather: []Weather{healthy, lossy, flaky}})
+	addMode(Mode{Name: "unsure", Doc: "one driver renewing by hand through a long run of lost replies and failing read-backs",
+		Actors: 1, Runs: 1, OpP: 0.9, Ops: map[string]float64{"acquire": 1, "renew": 10},
+		Weather: []Weather{blind, healthy}, WeatherP: 0.04})
 	addMode(Mode{Name: "kept-doubt", Doc: "lost replies around keepers and fenced writes through the keeper's context",
 		Actors: 3, Runs: 2, Shared: 1, WeatherP: 0.06, Yield: 0.1,
 		Ops:     map[string]float64{"acquire": 2, "keep": 3, "write": 3, "write-keeper-ctx": 3, "renew": 1, "keeper-release": 0.5, "abandon": 0.3, "stop": 0.3},
@@ -126,7 +131,7 @@ func init() {
 	addMode(Mode{Name: "keep-ttl", Doc: "Keep given a TTL option longer than the lease's",
 		Actors: 2, Runs: 2, KeepTTL: time.Hour, Shared: 1, Ops: leaseOps, Weather: []Weather{healthy}})
 	addMode(Mode{Name: "stop", Doc: "batched renewals that hang, stopped and released by their drivers",
-		Actors: 4, Runs: 4, Shared: 1, WeatherP: 0.1, Weather: []Weather{healthy, batchHang}, OneKeeper: true,
+		Actors: 4, Runs: 4, Shared: 1, OpP: 0.85, Weather: []Weather{batchHang}, OneKeeper: true,
 		Ops: map[string]float64{"acquire": 3, "keep-shared": 4, "stop": 2, "keeper-release": 2, "close-renewer": 0.5, "abandon": 0.3}})
 	addMode(Mode{Name: "wait", Doc: "AcquireWait with contexts that end while it waits or calls the store",
 		Actors: 3, Runs: 1, WeatherP: 0.1, Weather: []Weather{healthy, hanging, flaky}, Serial: true,
@@ -134,7 +139,7 @@ func init() {
 	addMode(Mode{Name: "hang", Doc: "hung store calls under keepers sharing a Renewer",
 		Shared: 1, WeatherP: 0.08, Weather: []Weather{healthy, hanging}, Ops: leaseOps})
 	addMode(Mode{Name: "batches", Doc: "two Renewers keeping the same leases, so batched renewals overlap",
-		Actors: 2, Runs: 3, Shared: 2, Yield: 0.5,
+		Actors: 2, Runs: 3, Shared: 2, OpP: 0.85,
 		Ops: map[string]float64{"acquire": 3, "keep-shared": 5, "renew": 0.5, "stop": 0.3, "abandon": 0.2}, Weather: []Weather{healthy}})
 	addMode(Mode{Name: "clock", Doc: "store clock steps forward and back (a step forward past the margin is a fault the keeper cannot see)",
 		Ops: leaseOps, Shared: 1, ClockP: 0.05,

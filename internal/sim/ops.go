@@ -187,9 +187,11 @@ func (w *World) begin(a *actor, kind string) {
 		w.launch(a, "Acquire "+run, callTimeout+promptly, func(ctx context.Context, o *op) error {
 			ctx, cancel := context.WithTimeout(ctx, callTimeout)
 			defer cancel()
+			start := time.Now()
 			l, err := w.api.Acquire(ctx, w.store, run, a.holder, ttl)
 			if err == nil {
 				w.setLease(a, l)
+				w.confirm(l, start)
 			}
 			return err
 		})
@@ -210,7 +212,11 @@ func (w *World) begin(a *actor, kind string) {
 		w.launch(a, "Renew "+run, callTimeout+promptly, func(ctx context.Context, o *op) error {
 			ctx, cancel := context.WithTimeout(ctx, callTimeout)
 			defer cancel()
+			start := time.Now()
 			err := l.Renew(ctx)
+			if err == nil {
+				w.confirm(l, start)
+			}
 			w.checkLoss("Renew", l, run, a.holder, fence, err)
 			w.markLost(a, l, err)
 			return err

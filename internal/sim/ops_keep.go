@@ -19,7 +19,11 @@ func (w *World) write(ctx context.Context, o *op, a *actor, l Lease, run string,
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	value := fmt.Sprintf("v%d", o.id)
+	start := time.Now()
 	err := l.Write(ctx, runlease.Put("ckpt:"+run, value))
+	if err == nil {
+		w.confirm(l, start)
+	}
 	w.mu.Lock()
 	landed := w.userValues[value]
 	w.mu.Unlock()

@@ -61,7 +61,7 @@ func Run(mode Mode, seed uint64, api API, mon *Monitor) *Report {
 	w := &World{mode: mode, seed: seed, api: api, mon: mon, start: time.Now(),
 		rng:  rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		seen: map[string]bool{}, lostAt: map[Lease]time.Time{}, slotLosses: map[string]bool{},
-		claims: map[string]*claimRec{}, userValues: map[string]bool{}, writer: map[string]*actor{}, releasing: map[Lease]bool{}, fenceHolder: map[string]string{}}
+		claims: map[string]*claimRec{}, userValues: map[string]bool{}, writer: map[string]*actor{}, releasing: map[Lease]bool{}, fenceHolder: map[string]string{}, confirmed: map[Lease]time.Time{}}
 	w.store = newStore(seed, w, w.tracef)
 	w.store.yield = mode.Yield
 	w.store.weather = mode.Weather[0]

@@ -96,6 +96,7 @@ type World struct {
 	writer      map[string]*actor    // key → the driver whose operation last wrote it, when known
 	releasing   map[Lease]bool       // leases whose driver called a release
 	fenceHolder map[string]string    // run|fence → the holder granted it first
+	confirmed   map[Lease]time.Time  // when the last call on the lease that succeeded began
 }
 
 // violate records a violation, once per check and subject.
