@@ -178,7 +178,10 @@ func (s *Slots) expireLocked(now time.Time) {
 		if now.Before(s.trustEnd(h, now, nowMS)) {
 			kept = append(kept, h)
 		} else {
+			// Given up, but maybe still the run's row: Release deletes it,
+			// so that the slot frees at once rather than at its expiry.
 			s.lostLocked(h.key, ErrTrustExpired)
+			s.releasing = append(s.releasing, h)
 		}
 	}
 	clear(s.held[len(kept):])
