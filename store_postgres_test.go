@@ -39,7 +39,7 @@ func strptr(s string) *string { return &s }
 func TestPostgresConformance(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	storetest.Run(t, func(t *testing.T) runlease.Store { return pgStore(t, pool) })
+	storetest.RunWith(t, pgHarness(t, pool))
 }
 
 func TestPostgresSchema(t *testing.T) {

@@ -354,6 +354,21 @@ func (s *SQLiteStore) commitFault(op, key string, err error) error {
 	return f
 }
 
+// txFault classifies the error of a statement inside a transaction, or of
+// its Commit. When the call's context ends, database/sql rolls the
+// transaction back on its own and refuses what follows, before it reaches
+// SQLite, with errors of its own ("transaction has already been committed
+// or rolled back", "statement is closed") instead of the context's error.
+// The caller is told of the context, which is what ended the call, and
+// that nothing was applied: a refused Commit did not commit.
+func (s *SQLiteStore) txFault(ctx context.Context, op, key string, err error) error {
+	var e *sqlite.Error
+	if cerr := ctx.Err(); cerr != nil && !errors.As(err, &e) && !errors.Is(err, cerr) {
+		return &StorageError{Op: op, Key: key, Err: fmt.Errorf("%w (%w)", cerr, err)}
+	}
+	return s.fault(op, key, err)
+}
+
 // fault classifies a SQLite error. A statement that fails in autocommit mode
 // is rolled back, so its outcome is known (nothing was applied) except for
 // I/O errors, after which the file's state is not certain.

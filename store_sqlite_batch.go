@@ -34,7 +34,7 @@ func (s *SQLiteStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (ap
 		err := tx.QueryRowContext(ctx, sqliteGet, c.Key).Scan(&v)
 		found := err == nil
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return false, s.fault("MetaBatch", c.Key, err)
+			return false, s.txFault(ctx, "MetaBatch", c.Key, err)
 		}
 		if found != (c.Value != nil) || (found && v != *c.Value) {
 			return false, nil
@@ -42,10 +42,13 @@ func (s *SQLiteStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (ap
 	}
 	for _, op := range ops {
 		if err := s.batchOp(ctx, tx, op); err != nil {
-			return false, s.fault("MetaBatch", op.Key, err)
+			return false, s.txFault(ctx, "MetaBatch", op.Key, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
+		if errors.Is(err, sql.ErrTxDone) {
+			return false, s.txFault(ctx, "MetaBatch", "", err)
+		}
 		return false, s.commitFault("MetaBatch", "", err)
 	}
 	return true, nil
@@ -116,10 +119,13 @@ func (s *SQLiteStore) MetaCASMany(ctx context.Context, writes []CASWrite) (swapp
 			swapped[i] = n == 1
 		}
 		if err != nil {
-			return nil, s.fault("MetaCASMany", w.Key, err)
+			return nil, s.txFault(ctx, "MetaCASMany", w.Key, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
+		if errors.Is(err, sql.ErrTxDone) {
+			return nil, s.txFault(ctx, "MetaCASMany", "", err)
+		}
 		return nil, s.commitFault("MetaCASMany", "", err)
 	}
 	committed = true

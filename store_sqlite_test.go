@@ -140,9 +140,7 @@ func TestSQLiteConformance(t *testing.T) {
 	verifyNoLeaks(t)
 	t.Run("file", func(t *testing.T) {
 		t.Parallel()
-		storetest.Run(t, func(t *testing.T) runlease.Store {
-			return openSQLite(t, sqlitePath(t))
-		})
+		storetest.RunWith(t, sqliteHarness())
 	})
 	t.Run("memory", func(t *testing.T) {
 		t.Parallel()

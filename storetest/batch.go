@@ -2,6 +2,8 @@ package storetest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -33,6 +35,7 @@ func testBatch(t *testing.T, newStore newStoreFunc) {
 	t.Run("bad_batches_are_refused_and_write_nothing", with(testBatchBadInput))
 	t.Run("concurrent_batches_over_overlapping_keys_are_atomic", with(testBatchAtomicity))
 	t.Run("one_of_many_racing_absent_claims_wins", with(testBatchAbsentRace))
+	t.Run("batches_conditioned_on_each_others_keys_never_both_apply", with(testBatchWriteSkew))
 }
 
 func batch(t *testing.T, b runlease.Batcher, conds []runlease.Cond, ops ...runlease.Op) bool {
@@ -198,6 +201,36 @@ func testBatchAbsentRace(t *testing.T, s runlease.Store, b runlease.Batcher) {
 			require.Empty(t, markers, "a losing batch left a marker")
 		} else {
 			require.Equal(t, []runlease.Row{{Key: claim + "/marker/" + strconv.Itoa(w[0]), Value: "x"}}, markers)
+		}
+	}
+}
+
+// testBatchWriteSkew races pairs of batches that each read one key and
+// write the other: x turns "off" only if y is "on", and y turns "off" only
+// if x is "on". Executed one after the other, exactly one of a pair applies;
+// a store that checks the condition on a key it only reads outside its lock
+// (write skew) lets both apply, and turns both keys off.
+func testBatchWriteSkew(t *testing.T, s runlease.Store, b runlease.Batcher) {
+	for round := range raceRounds() / 10 {
+		pairs := 1 + round%3
+		key := func(pair, i int) string { return fmt.Sprintf("skew/%04d/%d/%d", round, pair, i) }
+		for pair := range pairs {
+			create(t, s, key(pair, 0), "on")
+			create(t, s, key(pair, 1), "on")
+		}
+		won := make([]bool, 2*pairs)
+		errs := make([]error, 2*pairs)
+		race(2*pairs, func(i int) {
+			pair, me := i/2, i%2
+			won[i], errs[i] = b.MetaBatch(t.Context(), []runlease.Cond{runlease.IfEquals(key(pair, 1-me), "on")},
+				[]runlease.Op{runlease.Put(key(pair, me), "off")})
+		})
+		require.NoError(t, errors.Join(errs...), "round %d", round)
+		for pair := range pairs {
+			w := winners(won[2*pair : 2*pair+2])
+			require.Len(t, w, 1, "round %d: of two batches each conditioned on the key the other writes, exactly one applies; winners %v", round, w)
+			requireValue(t, s, key(pair, w[0]), "off")
+			requireValue(t, s, key(pair, 1-w[0]), "on")
 		}
 	}
 }

@@ -1,11 +1,8 @@
 package storetest
 
 import (
-	"context"
-	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -146,47 +143,4 @@ func testBadInput(t *testing.T, newStore newStoreFunc) {
 		require.True(t, got == v, "the %d-byte value came back changed (%d bytes)", len(v), len(got))
 		assert.True(t, cas(t, s, "big", &v, "small"))
 	}))
-}
-
-func testCancelledContext(t *testing.T, newStore newStoreFunc) {
-	contexts := []struct {
-		name string
-		want error
-		ctx  func(t *testing.T) context.Context
-	}{
-		{"cancelled", context.Canceled, func(t *testing.T) context.Context {
-			ctx, cancel := context.WithCancel(t.Context())
-			cancel()
-			return ctx
-		}},
-		{"past_deadline", context.DeadlineExceeded, func(t *testing.T) context.Context {
-			ctx, cancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
-			t.Cleanup(cancel)
-			return ctx
-		}},
-	}
-	for _, c := range contexts {
-		t.Run("every_method_fails_on_a_"+c.name+"_context_and_changes_nothing", parallel(newStore, func(t *testing.T, s runlease.Store) {
-			want := seedRows(t, s)
-			ctx := c.ctx(t)
-			check := func(call string, err error) {
-				t.Helper()
-				require.ErrorIs(t, err, c.want, call)
-				// The call never reached storage, so its outcome is known.
-				assert.False(t, runlease.IsOutcomeUnknown(err), "%s: a call stopped before it was sent has a known outcome", call)
-				require.Equal(t, want, scan(t, s, ""), "%s must leave the store unchanged", call)
-			}
-			_, _, err := s.MetaGet(ctx, "seed/1")
-			check("MetaGet", err)
-			_, err = s.MetaCAS(ctx, "new", nil, "v")
-			check("MetaCAS creating", err)
-			_, err = s.MetaCAS(ctx, "seed/1", ptr("one"), "v")
-			check("MetaCAS swapping", err)
-			_, err = s.MetaDelete(ctx, "seed/1", "one")
-			check("MetaDelete", err)
-			_, err = s.MetaScan(ctx, "")
-			check("MetaScan", err)
-			assert.False(t, errors.Is(err, runlease.ErrInvalidArgument), "a context error is not an invalid argument")
-		}))
-	}
 }

@@ -3,6 +3,7 @@ package storetest
 import (
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -76,6 +77,61 @@ func testScan(t *testing.T, newStore newStoreFunc) {
 		create(t, s, "p/3", "c")
 		assert.Equal(t, []runlease.Row{{Key: "p/1", Value: "a2"}, {Key: "p/3", Value: "c"}}, scan(t, s, "p/"))
 	}))
+
+	t.Run("a_scan_returns_every_row_of_a_large_prefix", parallel(newStore, testLargeScan))
+}
+
+// largeRows is how many rows testLargeScan puts under one prefix: well
+// above the page sizes stores and their drivers like (100, 1,000), so that a
+// scan that stops after a page is caught.
+const largeRows = 1500
+
+// testLargeScan scans a prefix of largeRows rows, with neighbours on both
+// sides of it that must not be returned. The keys are decimal numbers, not
+// padded, so byte order differs from insertion order and numeric order.
+func testLargeScan(t *testing.T, s runlease.Store) {
+	var keys []string
+	for i := range largeRows {
+		keys = append(keys, "big/"+strconv.Itoa(i))
+	}
+	outside := []string{"big", "big.", "big0", "bif/1", "bih", "bigx/1"}
+	fill(t, s, append(shuffled(keys), outside...))
+	rows := scan(t, s, "big/")
+	require.Len(t, rows, largeRows, "MetaScan(%q) must return every row of the prefix", "big/")
+	assert.Equal(t, sortedRows(keys), rows, "MetaScan(%q)", "big/")
+	assert.Equal(t, sortedRows(append(keys, outside...)), scan(t, s, ""), "the empty prefix returns every row")
+	assert.Equal(t, rowsWithPrefix(keys, "big/1"), scan(t, s, "big/1"), "MetaScan(%q)", "big/1")
+}
+
+// fill creates every key of keys, absent before, with the value "v:"+key,
+// in as few calls as the store's capabilities allow.
+func fill(t *testing.T, s runlease.Store, keys []string) {
+	t.Helper()
+	if m, ok := s.(runlease.MultiCASer); ok {
+		for chunk := range slices.Chunk(keys, runlease.MaxMultiCAS) {
+			writes := make([]runlease.CASWrite, len(chunk))
+			for i, k := range chunk {
+				writes[i] = runlease.CASWrite{Key: k, Value: "v:" + k}
+			}
+			swapped, err := m.MetaCASMany(t.Context(), writes)
+			require.NoError(t, err, "MetaCASMany of %d new keys", len(writes))
+			require.NotContains(t, swapped, false, "MetaCASMany of %d new keys", len(writes))
+		}
+		return
+	}
+	if b, ok := s.(runlease.Batcher); ok {
+		for chunk := range slices.Chunk(keys, runlease.MaxBatch) {
+			ops := make([]runlease.Op, len(chunk))
+			for i, k := range chunk {
+				ops[i] = runlease.Put(k, "v:"+k)
+			}
+			require.True(t, batch(t, b, nil, ops...), "a batch without conditions applies")
+		}
+		return
+	}
+	for _, k := range keys {
+		create(t, s, k, "v:"+k)
+	}
 }
 
 // oraclePrefixes returns every rune-aligned prefix of every oracle key, and

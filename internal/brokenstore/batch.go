@@ -1,0 +1,104 @@
+package brokenstore
+
+import (
+	"context"
+	"runtime"
+
+	"github.com/areev/runlease"
+)
+
+// MetaBatch implements [runlease.Batcher].
+func (s *Store) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runlease.Op) (bool, error) {
+	if err := runlease.CheckBatch(conds, ops); err != nil {
+		return false, err
+	}
+	if s.st.bug != IgnoresCancel {
+		if err := s.ctxErr(ctx, "MetaBatch", ""); err != nil {
+			return false, err
+		}
+	}
+	before, after := s.faultBefore("MetaBatch")
+	if before != nil {
+		return false, before
+	}
+	written := map[string]bool{}
+	for _, op := range ops {
+		written[op.Key] = true
+	}
+	if s.st.bug == WriteSkew {
+		var readOnly, onWritten []runlease.Cond
+		for _, c := range conds {
+			if written[c.Key] {
+				onWritten = append(onWritten, c)
+			} else {
+				readOnly = append(readOnly, c)
+			}
+		}
+		s.st.mu.Lock()
+		ok := s.st.hold(readOnly)
+		s.st.mu.Unlock()
+		if !ok {
+			return false, nil
+		}
+		runtime.Gosched() // the keys only read are not held from here on
+		conds = onWritten
+	}
+	s.st.mu.Lock()
+	ok := s.st.hold(conds)
+	if ok {
+		for _, op := range ops {
+			if op.Delete {
+				delete(s.st.rows, op.Key)
+			} else {
+				s.st.rows[op.Key] = op.Value
+			}
+			s.remember(op.Key, op.Value, !op.Delete)
+		}
+	}
+	s.st.mu.Unlock()
+	if after != nil {
+		return false, after()
+	}
+	return ok, nil
+}
+
+// hold reports whether every condition holds. st.mu must be held.
+func (st *Storage) hold(conds []runlease.Cond) bool {
+	for _, c := range conds {
+		v, found := st.rows[c.Key]
+		if found != (c.Value != nil) || (found && v != *c.Value) {
+			return false
+		}
+	}
+	return true
+}
+
+// MetaCASMany implements [runlease.MultiCASer].
+func (s *Store) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]bool, error) {
+	if err := runlease.CheckCASMany(writes); err != nil {
+		return nil, err
+	}
+	if s.st.bug != IgnoresCancel {
+		if err := s.ctxErr(ctx, "MetaCASMany", ""); err != nil {
+			return nil, err
+		}
+	}
+	before, after := s.faultBefore("MetaCASMany")
+	if before != nil {
+		return nil, before
+	}
+	swapped := make([]bool, len(writes))
+	s.st.mu.Lock()
+	for i, w := range writes {
+		if s.st.hold([]runlease.Cond{{Key: w.Key, Value: w.Expected}}) {
+			s.st.rows[w.Key] = w.Value
+			s.remember(w.Key, w.Value, true)
+			swapped[i] = true
+		}
+	}
+	s.st.mu.Unlock()
+	if after != nil {
+		return nil, after()
+	}
+	return swapped, nil
+}
