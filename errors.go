@@ -22,6 +22,7 @@ import (
 //	RUN-E021  lease lost: another holder has (or had) the lease
 //	RUN-E022  concurrency limit: every slot of a scope is held
 //	RUN-E023  slot lost: a held slot was taken by another run
+//	RUN-E024  condition failed: a fenced write's condition on the caller's keys did not hold; nothing was written
 const (
 	CodeInvalidArgument  = "RUN-E001"
 	CodeCorruptRow       = "RUN-E002"
@@ -33,6 +34,7 @@ const (
 	CodeLeaseLost        = "RUN-E021"
 	CodeConcurrencyLimit = "RUN-E022"
 	CodeSlotLost         = "RUN-E023"
+	CodeConditionFailed  = "RUN-E024"
 )
 
 // Sentinel errors, one per code. Every error returned by this package matches
@@ -49,6 +51,7 @@ var (
 	ErrLeaseLost        error = &codedError{CodeLeaseLost, "lease lost"}
 	ErrConcurrencyLimit error = &codedError{CodeConcurrencyLimit, "concurrency limit reached"}
 	ErrSlotLost         error = &codedError{CodeSlotLost, "slot lost"}
+	ErrConditionFailed  error = &codedError{CodeConditionFailed, "condition failed: a condition of the fenced write did not hold; nothing was written and the lease was not renewed"}
 
 	// ErrOutcomeUnknown matches a [StorageError] whose write may or may not
 	// have been applied (a timeout or a reset after the request was sent).

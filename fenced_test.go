@@ -1,6 +1,7 @@
 package runlease_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -63,7 +64,9 @@ func TestFencedWriteBadInputWritesNothing(t *testing.T) {
 		"no_ops":          nil,
 		"lease_namespace": {runlease.Put("runlease:r2", "x")},
 		"slot_namespace":  {runlease.Delete("runslot:mem:0")},
-		"invalid_value":   {runlease.Put("k", "\xff")},
+		"invalid_key":     {runlease.Put("k\x00", "v")},
+		"binary_too_long": {runlease.Put("k", strings.Repeat("\xff", runlease.MaxBinaryValueLen+1))},
+		"text_too_long":   {runlease.Put("k", strings.Repeat("x", runlease.MaxValueLen+1))},
 		"two_ops_one_key": {runlease.Put("k", "1"), runlease.Put("k", "2")},
 	} {
 		require.ErrorIs(t, l.Write(t.Context(), ops...), runlease.ErrInvalidArgument, name)

@@ -83,7 +83,7 @@ func (l *Lease) isReleased() bool {
 
 // update runs one conditional write of the lease row, with the lease's
 // write token held for its whole duration.
-func (l *Lease) update(ctx context.Context, kind writeKind, extra []Op) error {
+func (l *Lease) update(ctx context.Context, kind writeKind, extra *userBatch) error {
 	if err := l.lock(ctx); err != nil {
 		return err
 	}
@@ -148,7 +148,7 @@ func (l *Lease) fault(ctx context.Context, err error) error {
 }
 
 // updateLocked is update with the write token held.
-func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra []Op) error {
+func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBatch) error {
 	for adopted := 0; ; adopted++ {
 		l.mu.Lock()
 		if l.lost != nil {
@@ -189,6 +189,10 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra []Op) er
 			// Not applied yet. It may still land, while the row is seen:
 			// the next call then finds it, as a row of this lease's own.
 			return l.fault(ctx, err)
+		case found && cur == seen && extra != nil && len(extra.conds) > 0:
+			// Refused with the lease row as expected: one of the caller's
+			// conditions did not hold.
+			return ErrConditionFailed
 		}
 		if !found {
 			return l.lose(&LeaseLostError{RunID: l.runID, Cause: ErrRowChanged, Err: err})
@@ -244,18 +248,26 @@ func (l *Lease) nextRowLocked(kind writeKind) (string, int64) {
 	return leaseRow{Holder: l.holder, Fence: l.fence, UntilMS: untilMS}.encode(), untilMS
 }
 
-// condWrite writes next over seen, with the extra ops in the same atomic
-// batch for kindWrite, waking the run's waiters for kindRelease when the
-// store can.
-func (l *Lease) condWrite(ctx context.Context, kind writeKind, seen, next string, extra []Op) (bool, error) {
+// userBatch is what a fenced write adds to the lease row's write: the
+// caller's conditions and ops, values already in their stored form.
+type userBatch struct {
+	conds []Cond
+	ops   []Op
+}
+
+// condWrite writes next over seen, with the caller's conditions and ops in
+// the same atomic batch for kindWrite, waking the run's waiters for
+// kindRelease when the store can.
+func (l *Lease) condWrite(ctx context.Context, kind writeKind, seen, next string, extra *userBatch) (bool, error) {
 	switch kind {
 	case kindRelease:
 		if n, ok := l.store.(Notifier); ok {
 			return n.MetaCASNotify(ctx, l.key, &seen, next)
 		}
 	case kindWrite:
-		ops := append([]Op{Put(l.key, next)}, extra...)
-		return l.store.(Batcher).MetaBatch(ctx, []Cond{IfEquals(l.key, seen)}, ops)
+		conds := append([]Cond{IfEquals(l.key, seen)}, extra.conds...)
+		ops := append([]Op{Put(l.key, next)}, extra.ops...)
+		return l.store.(Batcher).MetaBatch(ctx, conds, ops)
 	}
 	return l.store.MetaCAS(ctx, l.key, &seen, next)
 }
