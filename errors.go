@@ -22,7 +22,8 @@ import (
 //	RUN-E021  lease lost: another holder has (or had) the lease
 //	RUN-E022  concurrency limit: every slot of a scope is held
 //	RUN-E023  slot lost: a held slot was taken by another run
-//	RUN-E024  condition failed: a fenced write's condition on the caller's keys did not hold; nothing was written
+//	RUN-E024  keeper stopped: a Keeper was stopped, not lost (see [ErrKeeperStopped])
+//	RUN-E025  condition failed: a fenced write's condition on the caller's keys did not hold; nothing was written
 const (
 	CodeInvalidArgument  = "RUN-E001"
 	CodeCorruptRow       = "RUN-E002"
@@ -34,7 +35,7 @@ const (
 	CodeLeaseLost        = "RUN-E021"
 	CodeConcurrencyLimit = "RUN-E022"
 	CodeSlotLost         = "RUN-E023"
-	CodeConditionFailed  = "RUN-E024"
+	CodeConditionFailed  = "RUN-E025"
 )
 
 // Sentinel errors, one per code. Every error returned by this package matches

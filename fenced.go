@@ -51,7 +51,7 @@ func (l *Lease) Write(ctx context.Context, ops ...Op) error {
 // with what [Lease.Write] stored, so binary values can be compared too.
 //
 // When the lease holds but a condition does not, WriteIf returns
-// [ErrConditionFailed] (RUN-E024): nothing was written and the lease was not
+// [ErrConditionFailed] (RUN-E025): nothing was written and the lease was not
 // renewed. A checkpoint advanced only from the one it was computed from:
 //
 //	prev, _, err := lease.Read(ctx, "ckpt:"+runID)

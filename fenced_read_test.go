@@ -91,7 +91,7 @@ func TestFencedWriteIfComparesCheckpoints(t *testing.T) {
 
 		err = l.WriteIf(ctx, []runlease.Cond{runlease.IfAbsent(key)}, runlease.Put(key, second))
 		require.ErrorIs(t, err, runlease.ErrConditionFailed)
-		assert.Equal(t, "RUN-E024", runlease.Code(err))
+		assert.Equal(t, "RUN-E025", runlease.Code(err))
 		require.NotErrorIs(t, err, runlease.ErrLeaseLost)
 		err = l.WriteIf(ctx, []runlease.Cond{runlease.IfEquals(key, second)}, runlease.Put(key, "x"), runlease.Put("out:cas", "y"))
 		require.ErrorIs(t, err, runlease.ErrConditionFailed)

@@ -26,6 +26,9 @@ import (
 // written; the options are the TTL and the clock, as for [Acquire]. Claim
 // slots after acquiring the run's lease, with the same TTL, so that a
 // [Keeper] keeping both never trusts the lease longer than the slots.
+//
+// [Lease.ClaimSlots] claims them through the run's lease, which rules out
+// those mismatches; prefer it.
 func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, opts ...Option) (*Slots, error) {
 	o, err := buildOptions(store, opts, optsClaim, "ClaimSlots")
 	if err != nil {
@@ -34,6 +37,39 @@ func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, 
 	if err := checkName("runID", runID, maxHolderLen); err != nil {
 		return nil, err
 	}
+	return claimSlots(ctx, store, runID, scopes, o)
+}
+
+// ClaimSlots claims one slot in each scope for the lease's run, all or
+// nothing, as the package's [ClaimSlots] does, on the lease's store and with
+// its TTL, clock, hooks and logger: the slots cannot outlive the lease
+// because of a forgotten [WithTTL] (a crashed driver's slots free when its
+// lease does), nor be judged by another clock, and [KeepSlots] takes them.
+// A lease that is lost or being released claims nothing and returns its
+// loss.
+//
+//	slots, err := lease.ClaimSlots(ctx, []runlease.Scope{runlease.MemScope(8)})
+//	if errors.Is(err, runlease.ErrConcurrencyLimit) {
+//		// every slot is held: release the lease, or wait and try again
+//	}
+//	keeper, err := runlease.Keep(ctx, lease, runlease.KeepSlots(slots))
+func (l *Lease) ClaimSlots(ctx context.Context, scopes []Scope) (*Slots, error) {
+	l.mu.Lock()
+	lost, releasing := l.lost, l.releasing
+	l.mu.Unlock()
+	switch {
+	case lost != nil:
+		return nil, lost
+	case releasing:
+		return nil, l.errReleasing()
+	}
+	o := l.o
+	o.set &= optsClaim
+	return claimSlots(ctx, l.store, l.runID, scopes, o)
+}
+
+// claimSlots is ClaimSlots with its options built and runID checked.
+func claimSlots(ctx context.Context, store Store, runID string, scopes []Scope, o options) (*Slots, error) {
 	seen := map[string]bool{}
 	for _, sc := range scopes {
 		if err := sc.validate(); err != nil {

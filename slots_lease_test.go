@@ -1,0 +1,88 @@
+package runlease_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
+)
+
+// TestLeaseClaimSlotsTakesTheLeasesTerms claims slots through a lease with
+// a short TTL and an injected clock: the slots are the run's, stamped by the
+// lease's clock with the lease's TTL, so a crashed driver's slots free when
+// its lease does, not after the 10-minute default.
+func TestLeaseClaimSlotsTakesTheLeasesTerms(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newSQLite(t)
+	clk := testkit.NewClock(epoch)
+	l, err := runlease.Acquire(ctx, s, "r", "A", runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+
+	slots, err := l.ClaimSlots(ctx, []runlease.Scope{runlease.MemScope(1)})
+	require.NoError(t, err)
+	assert.Equal(t, "r", slots.RunID())
+	assert.Equal(t, runlease.MinTTL, slots.TTL())
+	held := slots.Held()
+	require.Len(t, held, 1)
+	assert.Equal(t, epoch.Add(runlease.MinTTL), held[0].Until, "stamped by the lease's clock, with its TTL")
+
+	// The driver crashes: neither is renewed. Once the lease's TTL has
+	// passed, another run gets the slot.
+	clk.Advance(runlease.MinTTL)
+	other, err := runlease.ClaimSlots(ctx, s, "r2", []runlease.Scope{runlease.MemScope(1)}, runlease.WithClock(clk.Now))
+	require.NoError(t, err, "the slot freed with the lease")
+	assert.Len(t, other.Held(), 1)
+}
+
+// TestLeaseClaimSlotsKeptWithTheLease keeps slots claimed through the lease:
+// KeepSlots takes them, and the keeper renews both.
+func TestLeaseClaimSlotsKeptWithTheLease(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newSQLite(t)
+	l, err := runlease.Acquire(ctx, s, "r", "A", runlease.WithTTL(runlease.MinTTL))
+	require.NoError(t, err)
+	slots, err := l.ClaimSlots(ctx, []runlease.Scope{runlease.MemScope(2), runlease.PrincipalScope("p", 1)})
+	require.NoError(t, err)
+	k, err := runlease.Keep(ctx, l, runlease.KeepSlots(slots), runlease.KeepInterval(runlease.MinKeepInterval))
+	require.NoError(t, err)
+	before := slots.Held()[0].Until
+	require.Eventually(t, func() bool { return slots.Held()[0].Until.After(before) }, 10*time.Second, 10*time.Millisecond,
+		"the keeper renews the slots")
+	require.NoError(t, k.Release(ctx))
+	occ, err := runlease.Occupancy(ctx, s)
+	require.NoError(t, err)
+	assert.Empty(t, occ, "released with the lease")
+}
+
+// TestLeaseClaimSlotsRefusedOnceLost claims through a lease that was taken
+// over, and one being released: nothing is written.
+func TestLeaseClaimSlotsRefusedOnceLost(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newSQLite(t)
+	clk := testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now)}
+	a, err := runlease.Acquire(ctx, s, "r", "A", opts...)
+	require.NoError(t, err)
+	clk.Advance(runlease.MinTTL)
+	b, err := runlease.Acquire(ctx, s, "r", "B", opts...)
+	require.NoError(t, err)
+	require.ErrorIs(t, a.Renew(ctx), runlease.ErrTakenOver)
+	before := rows(t, s)
+
+	_, err = a.ClaimSlots(ctx, []runlease.Scope{runlease.MemScope(1)})
+	require.ErrorIs(t, err, runlease.ErrTakenOver)
+	require.NoError(t, b.Release(ctx))
+	_, err = b.ClaimSlots(ctx, []runlease.Scope{runlease.MemScope(1)})
+	require.ErrorIs(t, err, runlease.ErrReleased)
+	occ, err := runlease.Occupancy(ctx, s, runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	assert.Empty(t, occ)
+	assert.Len(t, rows(t, s), len(before), "no slot row was written")
+}
