@@ -36,6 +36,7 @@ func DSN(t testing.TB) string {
 	t.Helper()
 	dsn := os.Getenv(EnvDSN)
 	if dsn == "" {
+		skipped.Add(1)
 		t.Skipf("set %s=%s to run the Postgres tests", EnvDSN, ExampleDSN)
 	}
 	return dsn
