@@ -10,14 +10,9 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/areev/runlease"
 )
-
-// opTimeout bounds a command's work with its store (one refresh, for
-// --watch), so that an unreachable server ends in an error, not a hang.
-const opTimeout = 30 * time.Second
 
 // cli is one invocation of the command: its streams and the seams tests
 // replace (the environment, and whether stdin is a terminal).

@@ -76,3 +76,13 @@ func TestSchemaPrintsTheDDL(t *testing.T) {
 	r = runCLI(t, "schema", "extra")
 	assert.Equal(t, exitUsage, r.code)
 }
+
+func TestTopLevelUsageNamesTheStoreFlags(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, "help")
+	for _, flag := range []string{"--db PATH", "--postgres DSN", "--table NAME", "--timeout D"} {
+		assert.Contains(t, r.stdout, flag)
+	}
+	r = runCLI(t, "status", "--help")
+	assert.Regexp(t, `(?m)^  --timeout DURATION\s+give up on the store after DURATION .*\(default 10s\)$`, r.stdout)
+}

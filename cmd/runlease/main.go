@@ -106,8 +106,11 @@ Commands:
 	fmt.Fprint(w, `
 The store (status, peek, release, prune):
   --db PATH        the embedded SQLite store (default runlease.db)
-  --postgres DSN   a shared Postgres store (default $RUNLEASE_POSTGRES)
+  --postgres DSN   a shared Postgres store (default $RUNLEASE_POSTGRES): a
+                   postgres:// URL or key=value pairs, as runlease.Open reads
+                   them; table=NAME in the DSN names the table
   --table NAME     the Postgres table (default runlease_meta)
+  --timeout D      give up on the store after D at each step (default 10s)
 
 Exit status: 0 success (peek: held), 1 error, 2 usage error (RUN-E001),
 3 peek: free (expired or released), 4 peek: absent.

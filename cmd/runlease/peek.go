@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -46,13 +45,13 @@ func (c *cli) peek(args []string) error {
 	if len(pos) != 1 {
 		return usagef("peek", "want one RUN argument, got %d", len(pos))
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, opTimeout)
-	defer cancel()
-	s, err := c.open(ctx, fs.FlagSet, &sf, readOnly)
+	s, err := c.open(fs.FlagSet, &sf, readOnly)
 	if err != nil {
 		return err
 	}
 	defer s.close()
+	ctx, cancel := c.step(&sf)
+	defer cancel()
 	now := s.now()
 	info, err := runlease.Peek(ctx, s.s, pos[0], at(now))
 	if err != nil {

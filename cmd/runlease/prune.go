@@ -81,19 +81,18 @@ func (c *cli) prune(args []string) error {
 	if o.dryRun {
 		access = readOnly
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, opTimeout)
-	defer cancel()
-	s, err := c.open(ctx, fs.FlagSet, &o.store, access)
+	s, err := c.open(fs.FlagSet, &o.store, access)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	return c.pruneStore(ctx, s, o)
+	return c.pruneStore(s, o)
 }
 
 // pruneStore lists what would go, confirms, and prunes.
-func (c *cli) pruneStore(ctx context.Context, s *openedStore, o pruneOpts) error {
-	fmt.Fprintf(c.stdout, "%s\n\n", fenceWarning)
+func (c *cli) pruneStore(s *openedStore, o pruneOpts) error {
+	ctx, cancel := c.step(&o.store)
+	defer cancel()
 	now := s.now()
 	want, err := runlease.PruneCandidates(ctx, s.s, o.olderThan.d, at(now))
 	if err != nil {
@@ -104,7 +103,10 @@ func (c *cli) pruneStore(ctx context.Context, s *openedStore, o pruneOpts) error
 		fmt.Fprintf(c.stdout, "nothing in %s ended more than %v ago; nothing to prune\n", s.name, o.olderThan.d)
 		return nil
 	}
-	if err := c.listPrunable(ctx, s, want, now); err != nil {
+	fmt.Fprintf(c.stdout, "%s\n\n", fenceWarning)
+	err = c.listPrunable(ctx, s, want, now)
+	cancel()
+	if err != nil {
 		return err
 	}
 	if o.dryRun {
@@ -116,6 +118,8 @@ func (c *cli) pruneStore(ctx context.Context, s *openedStore, o pruneOpts) error
 	}
 	// The instant of the listing, so that nothing the operator was not
 	// shown crosses the horizon while the question was on the screen.
+	ctx, cancel = c.step(&o.store)
+	defer cancel()
 	got, err := runlease.Prune(ctx, s.s, o.olderThan.d, at(now))
 	fmt.Fprintf(c.stdout, "removed %s\n", rowCount(got))
 	return err

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
@@ -44,21 +43,22 @@ func (c *cli) release(args []string) error {
 		return usagef("release", "refusing without --force: another driver may take run %q over "+
 			"while its holder still runs", pos[0])
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, opTimeout)
-	defer cancel()
-	s, err := c.open(ctx, fs.FlagSet, &sf, readWrite)
+	s, err := c.open(fs.FlagSet, &sf, readWrite)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	return c.forceRelease(ctx, s, pos[0], yes)
+	return c.forceRelease(&sf, s, pos[0], yes)
 }
 
 // forceRelease shows the lease of runID, confirms, and releases it
 // conditional on the row shown.
-func (c *cli) forceRelease(ctx context.Context, s *openedStore, runID string, yes bool) error {
+func (c *cli) forceRelease(sf *storeFlags, s *openedStore, runID string, yes bool) error {
+	ctx, cancel := c.step(sf)
+	defer cancel()
 	now := s.now()
 	info, err := runlease.Peek(ctx, s.s, runID, at(now))
+	cancel()
 	if err != nil {
 		return err
 	}
@@ -80,6 +80,8 @@ func (c *cli) forceRelease(ctx context.Context, s *openedStore, runID string, ye
 			return errAborted
 		}
 	}
+	ctx, cancel = c.step(sf)
+	defer cancel()
 	wrote, err := runlease.ForceReleaseOutcome(ctx, s.s, info)
 	if err != nil {
 		if errors.Is(err, runlease.ErrLeaseLost) {

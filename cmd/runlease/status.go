@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"sort"
 	"strconv"
@@ -87,9 +86,7 @@ func (c *cli) status(args []string) error {
 	case o.watch < 0 || (o.watch > 0 && o.watch < 100*time.Millisecond):
 		return usagef("status", "--watch %v: give at least 100ms", o.watch)
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, opTimeout)
-	s, err := c.open(ctx, fs.FlagSet, &o.store, readOnly)
-	cancel()
+	s, err := c.open(fs.FlagSet, &o.store, readOnly)
 	if err != nil {
 		return err
 	}
@@ -102,7 +99,7 @@ func (c *cli) status(args []string) error {
 
 // statusOnce reads and prints one report.
 func (c *cli) statusOnce(s *openedStore, o statusOpts) error {
-	ctx, cancel := context.WithTimeout(c.ctx, opTimeout)
+	ctx, cancel := c.step(&o.store)
 	defer cancel()
 	r, err := readReport(ctx, s.s, s.name, s.now(), o.limits)
 	if err != nil {

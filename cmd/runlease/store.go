@@ -21,15 +21,28 @@ const defaultDB = "runlease.db"
 // lockedHint is the advice printed under a store-locked error.
 const lockedHint = "stop the driver or use a shared Postgres store"
 
+// defaultTimeout is --timeout's default: how long a command waits for its
+// store at each step (connecting, one read, one write).
+const defaultTimeout = 10 * time.Second
+
 // storeFlags are the flags that choose a store.
 type storeFlags struct {
 	db, postgres, table string
+	timeout             time.Duration
 }
 
 func (sf *storeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&sf.db, "db", defaultDB, "the embedded SQLite store's `PATH`")
-	fs.StringVar(&sf.postgres, "postgres", "", "a shared Postgres store's `DSN` (default $"+envPostgres+")")
-	fs.StringVar(&sf.table, "table", runlease.DefaultPostgresTable, "the Postgres store's table `NAME`")
+	fs.StringVar(&sf.postgres, "postgres", "", "a shared Postgres store's `DSN`, a URL or key=value pairs (default $"+envPostgres+")")
+	fs.StringVar(&sf.table, "table", runlease.DefaultPostgresTable, "the Postgres store's table `NAME` (or table= in the DSN)")
+	fs.DurationVar(&sf.timeout, "timeout", defaultTimeout, "give up on the store after `DURATION` at each step, such as connecting")
+}
+
+// step returns a context for one step of a command's work with its store,
+// bounded by --timeout. A prompt is not a step: an operator may take longer
+// to answer than the store may to reply.
+func (c *cli) step(sf *storeFlags) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(c.ctx, sf.timeout)
 }
 
 // storeAccess says what a command does with its store.
@@ -47,6 +60,7 @@ const (
 type openedStore struct {
 	s     runlease.Store // passed to the library as is, so its Clock is seen
 	name  string         // "sqlite:PATH", or the Postgres store as postgresName names it
+	table string         // the Postgres table; "" for the embedded store
 	close func() error
 }
 
@@ -60,72 +74,98 @@ func (o *openedStore) now() time.Time {
 	return time.Now()
 }
 
-// resolve checks the store flags against each other and the environment.
-// It returns the Postgres DSN, or "" for the embedded store at sf.db.
-func (c *cli) resolve(fs *flag.FlagSet, sf *storeFlags) (string, error) {
+// resolve checks the store flags against each other and the environment,
+// and returns the store they name, parsed as runlease.Open parses a target.
+// A Postgres target never creates its table: an operator's tool reads and
+// repairs the store that drivers made.
+func (c *cli) resolve(fs *flag.FlagSet, sf *storeFlags, access storeAccess) (runlease.Target, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	dsn := sf.postgres
-	if set["postgres"] && set["db"] {
-		return "", usagef(fs.Name(), "--db and --postgres name two stores; give one")
+	switch {
+	case set["postgres"] && set["db"]:
+		return runlease.Target{}, usagef(fs.Name(), "--db and --postgres name two stores; give one")
+	case sf.timeout <= 0:
+		return runlease.Target{}, usagef(fs.Name(), "--timeout %v: give a positive duration, such as 10s", sf.timeout)
 	}
 	if dsn == "" && !set["db"] {
 		dsn = c.getenv(envPostgres)
 	}
 	if dsn == "" && set["table"] {
-		return "", usagef(fs.Name(), "--table applies to a Postgres store (--postgres or $%s)", envPostgres)
+		return runlease.Target{}, usagef(fs.Name(), "--table applies to a Postgres store (--postgres or $%s)", envPostgres)
 	}
 	if set["postgres"] && dsn == "" {
-		return "", usagef(fs.Name(), "--postgres needs a DSN")
+		return runlease.Target{}, usagef(fs.Name(), "--postgres needs a DSN")
 	}
-	return dsn, nil
+	if dsn == "" {
+		return runlease.Target{Kind: runlease.TargetSQLite, Path: sf.db, ReadOnly: access == readOnly}, nil
+	}
+	t, err := runlease.ParseTarget(dsn)
+	switch {
+	case err != nil:
+		return runlease.Target{}, err
+	case t.Kind != runlease.TargetPostgres:
+		return runlease.Target{}, usagef(fs.Name(), "--postgres wants a postgres:// URL or key=value pairs; "+
+			"give an embedded store with --db PATH")
+	case set["table"] && t.Table != runlease.DefaultPostgresTable && t.Table != sf.table:
+		return runlease.Target{}, usagef(fs.Name(), "--table %q and the DSN's table=%q name two tables; give one", sf.table, t.Table)
+	case set["table"]:
+		t.Table = sf.table
+		if _, err := runlease.PostgresSchema(t.Table); err != nil {
+			return runlease.Target{}, err
+		}
+	}
+	t.CreateTable = false
+	return t, nil
 }
 
-// open opens the store the flags name. Neither access creates a Postgres
-// table: an operator's tool reads and repairs the store that drivers made.
-func (c *cli) open(ctx context.Context, fs *flag.FlagSet, sf *storeFlags, access storeAccess) (*openedStore, error) {
-	dsn, err := c.resolve(fs, sf)
+// open opens the store the flags name, within one --timeout.
+func (c *cli) open(fs *flag.FlagSet, sf *storeFlags, access storeAccess) (*openedStore, error) {
+	t, err := c.resolve(fs, sf, access)
 	if err != nil {
 		return nil, err
 	}
-	if dsn != "" {
-		return c.openPostgres(ctx, dsn, sf.table)
+	ctx, cancel := c.step(sf)
+	defer cancel()
+	if t.Kind == runlease.TargetPostgres {
+		return c.openPostgres(ctx, t, sf.timeout)
 	}
-	return openSQLite(sf.db, access)
+	return openSQLite(ctx, t)
 }
 
-func (c *cli) openPostgres(ctx context.Context, dsn, table string) (*openedStore, error) {
-	s, err := runlease.OpenPostgres(ctx, dsn, runlease.WithTable(table), runlease.WithCreateTable(false))
-	if errors.Is(err, runlease.ErrSchemaMismatch) {
+func (c *cli) openPostgres(ctx context.Context, t runlease.Target, timeout time.Duration) (*openedStore, error) {
+	s, err := t.Open(ctx)
+	switch {
+	case errors.Is(err, runlease.ErrSchemaMismatch):
 		return nil, withHint(err, "runlease never creates or changes the table; "+
 			"drivers create it, or run the DDL of \"runlease schema --table NAME\"")
-	}
-	if err != nil {
+	case errors.Is(err, context.DeadlineExceeded) && c.ctx.Err() == nil:
+		return nil, withHint(err, fmt.Sprintf("nothing answered within --timeout %v: check the host and "+
+			"port, and that the server is up, or give a longer --timeout", timeout))
+	case err != nil:
 		return nil, err
 	}
-	return &openedStore{s: s, name: postgresName(dsn, table), close: s.Close}, nil
+	return &openedStore{s: s, name: postgresName(t.DSN, t.Table), table: t.Table, close: s.Close}, nil
 }
 
-// openSQLite opens the embedded store at path, which must exist: neither a
+// openSQLite opens the embedded store t names, which must exist: neither a
 // read nor a repair has any use for a new, empty store.
-func openSQLite(path string, access storeAccess) (*openedStore, error) {
-	_, err := os.Stat(path)
-	var s *runlease.SQLiteStore
-	if err == nil && access == readOnly {
-		s, err = runlease.OpenSQLiteReadOnly(path)
-	} else if err == nil {
-		s, err = runlease.OpenSQLite(path)
+func openSQLite(ctx context.Context, t runlease.Target) (*openedStore, error) {
+	_, err := os.Stat(t.Path)
+	var s runlease.ClosableStore
+	if err == nil {
+		s, err = t.Open(ctx)
 	}
 	switch {
 	case errors.Is(err, runlease.ErrStoreLocked):
 		return nil, withHint(err, lockedHint)
 	case errors.Is(err, os.ErrNotExist):
 		return nil, fmt.Errorf("%s: no embedded store at %q (runlease never creates one "+
-			"here; give --db PATH or --postgres DSN)", runlease.CodeStorage, path)
+			"here; give --db PATH or --postgres DSN)", runlease.CodeStorage, t.Path)
 	case err != nil:
 		return nil, err
 	}
-	return &openedStore{s: s, name: "sqlite:" + path, close: s.Close}, nil
+	return &openedStore{s: s, name: "sqlite:" + t.Path, close: s.Close}, nil
 }
 
 // at returns a clock option fixed at now, so that every row of one report
