@@ -1,0 +1,345 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// mutation is one planted bug: a small edit of one library file, the promise
+// it breaks, and the tests expected to catch it.
+type mutation struct {
+	Name   string // short and unique
+	File   string // relative to the module root, with slashes
+	Old    string // must occur exactly once in File
+	New    string // what replaces it
+	Breaks string // the promise the mutated code breaks, in one sentence
+
+	// The tests expected to catch it: the top-level tests (or fuzz
+	// targets, whose seed corpus runs as a test) named in Tests, of package
+	// Pkg (relative to the module root), with -short when Short, in the
+	// environment Env on top of the caller's.
+	Pkg      string
+	Tests    []string
+	Short    bool
+	Env      []string
+	Postgres bool          // the tests skip without RUNLEASE_TEST_POSTGRES
+	Timeout  time.Duration // 0: defaultTimeout
+
+	// Gap, when not empty, says why no test catches the mutation yet: the
+	// run reports it as a known gap instead of failing.
+	Gap string
+}
+
+// apply returns the contents of m.File with m planted, or an error when
+// m.Old does not occur exactly once.
+func (m mutation) apply(root string) ([]byte, error) {
+	src, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(m.File)))
+	if err != nil {
+		return nil, err
+	}
+	if n := strings.Count(string(src), m.Old); n != 1 {
+		return nil, fmt.Errorf("old snippet occurs %d times in %s (want 1): update the catalog", n, m.File)
+	}
+	return []byte(strings.Replace(string(src), m.Old, m.New, 1)), nil
+}
+
+// Run is the -run pattern of m's tests.
+func (m mutation) Run() string { return "^(" + strings.Join(m.Tests, "|") + ")$" }
+
+// testCommand is the go test command that runs m's tests, for people to
+// copy.
+func (m mutation) testCommand() []string {
+	cmd := append([]string{}, m.Env...)
+	cmd = append(cmd, "go", "test")
+	if m.Short {
+		cmd = append(cmd, "-short")
+	}
+	return append(cmd, "-count=1", "-failfast", "-run", "'"+m.Run()+"'", m.Pkg)
+}
+
+// simEnv sizes the simulation tests for a mutation run: a fifth of the
+// schedules CI runs, which is enough to find each bug below that they find
+// at all, in seconds.
+var simEnv = []string{"RUNLEASE_SIM_SCHEDULES=2000", "RUNLEASE_DSIM_SCHEDULES=2000"}
+
+// sims are the two simulation tests, for mutations of the lease core.
+var sims = []string{"TestSimulation", "TestSimulationModes"}
+
+func with(names []string, more ...string) []string {
+	return append(append([]string{}, more...), names...)
+}
+
+// The test sets of the catalog's areas.
+var (
+	leaseTests = []string{"TestLease", "TestLeaseFaultsAreNeverLossesNorLossesSuccesses",
+		"TestUnknownOutcomesAreResolvedByReading", "TestFencesNeverGoBackwards", "TestOneWinnerWhenManyDriversRace",
+		"TestStalledHolderIsReplacedAndCannotRenew", "TestFencedWrites", "TestFencedWriteWithUnknownOutcome",
+		"TestFencedWriteWhoseOutcomeIsUnknownAndLeaseTakenIsNotCalledUnwritten"}
+	keeperTests = []string{"TestKeeper", "TestKeeperFaults", "TestKeptSlots", "TestKeeperStopLeavesNoGoroutine",
+		"TestALossFoundByACallEndsTheKeepersBeforeItReturns", "TestReleaseStopsTheKeepersFirst",
+		"TestKeeperMarginCoversTheStoreClocksUncertainty"}
+	slotTests = []string{"TestSlots", "TestSlotFaultsAreNeverLosses", "TestKeptSlots", "TestSlotCapHoldsUnderRaces",
+		"TestALoweredLimitDrainsAndIsReported", "TestOccupancyListsLiveSlots", "TestAClaimOfUnknownOutcomeIsAFaultNotARefusal"}
+	coreTests = with(with(leaseTests, keeperTests...), sims...)
+)
+
+// catalog is every planted bug, in the order they run.
+var catalog = []mutation{
+	// Slots.
+	{
+		Name:   "claim-skips-rollback",
+		File:   "slots_claim.go",
+		Old:    "return nil, errors.Join(err, s.rollback(ctx))",
+		New:    "return nil, err",
+		Breaks: "On a store without batches, a claim refused in a later scope keeps the slots it already wrote in the earlier ones.",
+		Pkg:    ".", Tests: with(slotTests, sims...), Env: simEnv,
+	},
+	{
+		Name:   "own-expired-slot-reused",
+		File:   "slots_claim.go",
+		Old:    "if row.Holder == s.runID && slot < sc.limit && row.live(now) {",
+		New:    "if row.Holder == s.runID && slot < sc.limit {",
+		Breaks: "A run's own expired slot row lets it claim past a scope's limit.",
+		Pkg:    ".", Tests: with(slotTests, sims...), Env: simEnv,
+	},
+	{
+		Name:   "longer-scope-counted",
+		File:   "slots_claim.go",
+		Old:    "if !ok || scope != sc.name {",
+		New:    "if !ok || scope[:min(len(scope), len(sc.name))] != sc.name {",
+		Breaks: "Slots of a longer scope name that shares the prefix count against this scope's limit.",
+		Pkg:    ".", Tests: slotTests,
+	},
+	{
+		Name:   "slots-above-limit-ignored",
+		File:   "slots_claim.go",
+		Old:    "} else if row.live(now) {\n\t\t\tlive++",
+		New:    "} else if row.live(now) && slot < sc.limit {\n\t\t\tlive++",
+		Breaks: "Live slots numbered at or above a lowered limit are not counted, so the scope never drains to the new limit.",
+		Pkg:    ".", Tests: slotTests,
+	},
+	{
+		Name:   "slot-fault-drops-slot",
+		File:   "slots.go",
+		Old:    "if err != nil && !IsOutcomeUnknown(err) {\n\t\t\treturn err\n\t\t}\n\t\tif err == nil && ok {",
+		New:    "if err != nil && !IsOutcomeUnknown(err) {\n\t\t\ts.drop(h, ErrTakenOver)\n\t\t\treturn err\n\t\t}\n\t\tif err == nil && ok {",
+		Breaks: "A slot whose renewal meets a fault is given up as lost instead of retried within its trust window.",
+		Pkg:    ".", Tests: with(slotTests, sims...), Env: simEnv,
+	},
+	{
+		Name:   "slot-adopts-other-claims",
+		File:   "slots.go",
+		Old:    "return row.Holder == s.runID && row.UntilMS > h.untilMS && row.UntilMS <= h.sentMS",
+		New:    "return row.Holder == s.runID",
+		Breaks: "A Slots adopts (and Release deletes) a slot row written by another claim of the same run.",
+		Pkg:    ".", Tests: with(slotTests, sims...), Env: simEnv,
+	},
+
+	// Keepers and the renewer.
+	{
+		Name:   "loss-keeps-work-context",
+		File:   "renewer.go",
+		Old:    "if k.cancel != nil {\n\t\tk.cancel(err)\n\t}",
+		New:    "if k.cancel != nil && !errors.Is(err, ErrLeaseLost) {\n\t\tk.cancel(err)\n\t}",
+		Breaks: "A keeper that loses its lease leaves the run's work context running.",
+		Pkg:    ".", Tests: coreTests, Env: simEnv,
+	},
+	{
+		Name:   "strict-slot-loss-ignored",
+		File:   "renewer.go",
+		Old:    "if k.strict {\n\t\treturn lost, report\n\t}\n",
+		New:    "",
+		Breaks: "A slot kept with KeepSlotsStrict is lost without ending the keeper.",
+		// A test waiting for the keeper to end then waits forever.
+		Pkg: ".", Tests: with(keeperTests, sims...), Env: simEnv, Timeout: 90 * time.Second,
+	},
+	{
+		Name:   "trust-ignores-store-clock",
+		File:   "keeper.go",
+		Old:    "left := time.Duration(st.untilMS-k.lease.o.nowMS())*time.Millisecond - k.o.margin\n\treturn earliest(end, now.Add(left))",
+		New:    "return end",
+		Breaks: "A keeper trusts its lease by its monotonic clock alone, even when the clock that judges expiry says the row is about to expire.",
+		Pkg:    ".", Tests: coreTests, Env: simEnv,
+	},
+	{
+		Name:   "margin-without-uncertainty",
+		File:   "keeper.go",
+		Old:    "\to.margin += o.uncertainty\n",
+		New:    "",
+		Breaks: "A keeper's margin leaves out the store clock's uncertainty, so it may trust a lease a contender already sees expired.",
+		Pkg:    ".", Tests: with(coreTests, "TestPostgresClockSkew", "TestPostgresPartitionedHolderStopsBeforeAContenderStarts"),
+		Env: simEnv,
+	},
+	{
+		Name:   "batch-waits-for-token",
+		File:   "renewer_batch.go",
+		Old:    "reflect.TypeOf(s).Comparable() && k.lease.tryLock()",
+		New:    "reflect.TypeOf(s).Comparable() && k.lease.lock(context.Background()) == nil",
+		Breaks: "The renewer loop waits, holding its lock, for the write token of a lease with a write in flight, so a hung write freezes every keeper.",
+		Pkg:    ".", Tests: coreTests, Env: simEnv, Timeout: 90 * time.Second,
+	},
+	{
+		Name:   "batch-miss-is-loss",
+		File:   "renewer_batch.go",
+		Old:    "errs[i] = l.updateLocked(ctx, kindRenew, nil)",
+		New:    "errs[i] = l.lose(&LeaseLostError{RunID: l.runID, Cause: ErrRowChanged})",
+		Breaks: "A lease whose write in a batched renewal did not apply is reported lost without reading its row back.",
+		Pkg:    ".", Tests: coreTests, Env: simEnv,
+	},
+
+	// Leases.
+	{
+		Name:   "holder-prefix-is-live-owner",
+		File:   "lease.go",
+		Old:    "if row.live(l.o.nowMS()) && row.Holder != l.holder {",
+		New:    "if row.live(l.o.nowMS()) && row.Holder[:min(len(row.Holder), len(l.holder))] != l.holder {",
+		Breaks: "A holder re-enters a live lease held by another holder whose string starts with its own.",
+		Pkg:    ".", Tests: with(coreTests, "TestHolderStringsNeverCollide", "TestAcquireRefusalSaysTheRunIsHeldNotLost"),
+		Env: simEnv,
+	},
+	{
+		Name:   "fence-not-raised",
+		File:   "lease.go",
+		Old:    "fence = row.Fence + 1",
+		New:    "fence = row.Fence",
+		Breaks: "Taking over or re-entering a lease keeps the old fence, so an older holder's writes are not refused.",
+		Pkg:    ".", Tests: leaseTests,
+	},
+	{
+		Name:   "adopt-by-holder-only",
+		File:   "lease_write.go",
+		Old:    "return row.Holder == l.holder && row.Fence == l.fence",
+		New:    "return row.Holder == l.holder",
+		Breaks: "A lease adopts a row of its holder at another fence (a later re-entry) as its own and writes over it.",
+		Pkg:    ".", Tests: coreTests, Env: simEnv,
+	},
+	{
+		Name:   "release-leaves-keepers-running",
+		File:   "lease_write.go",
+		Old:    "\tl.mu.Lock()\n\tkeepers := l.keepers\n\tl.keepers, l.releasing = nil, true\n\tl.mu.Unlock()\n\tfor _, k := range keepers {\n\t\tk.r.end(k, ErrKeeperStopped)\n\t}\n",
+		New:    "\tl.mu.Lock()\n\tl.releasing = true\n\tl.mu.Unlock()\n",
+		Breaks: "Release leaves the lease's keepers running while the release is in flight, instead of stopping them first.",
+		Pkg:    ".", Tests: coreTests, Env: simEnv,
+	},
+	{
+		Name:   "loss-not-told-to-keepers",
+		File:   "lease_write.go",
+		Old:    "\tkeepers := l.keepers\n\tl.keepers = nil\n\tl.mu.Unlock()\n\tfor _, k := range keepers {\n\t\tk.r.end(k, lost)\n\t}\n",
+		New:    "\tl.mu.Unlock()\n",
+		Breaks: "A loss found by a call on the lease, such as a fenced Write, does not end its keepers before the call returns.",
+		Pkg:    ".", Tests: coreTests, Env: simEnv,
+	},
+	{
+		Name:   "stamp-rounds-down",
+		File:   "options.go",
+		Old:    "\tif end.After(time.UnixMilli(ms)) {\n\t\tms++\n\t}\n",
+		New:    "",
+		Breaks: "Rows are stamped with now + TTL rounded down, so a row can expire before the attempt that wrote it is TTL old.",
+		Pkg:    ".", Tests: with(coreTests, "TestRowsNeverExpireBeforeTheirAttemptIsTTLOld"), Env: simEnv,
+	},
+	{
+		Name:   "unknown-claim-is-lost-race",
+		File:   "options.go",
+		Old:    "case expected == nil && !found, expected != nil && found && cur == *expected:\n\t\treturn false, err",
+		New:    "case expected == nil && !found, expected != nil && found && cur == *expected:\n\t\treturn false, nil",
+		Breaks: "A conditional write of unknown outcome that did not land is reported as a lost race, not a fault.",
+		Pkg:    ".", Tests: with(slotTests, "TestUnknownOutcomesAreResolvedByReading", "TestForceRelease", "TestSimulation", "TestSimulationModes"),
+		Env: simEnv,
+	},
+	{
+		Name:   "row-live-at-its-expiry",
+		File:   "row.go",
+		Old:    "r.UntilMS > nowMS }",
+		New:    "r.UntilMS >= nowMS }",
+		Breaks: "A row whose until_ms equals the clock's now still counts as held, so takeover waits a millisecond longer than the reference.",
+		Pkg:    ".", Tests: with(with(leaseTests, slotTests...), "TestPeekSaysWhenTakeoverBecomesPossible", "TestRowsNeverExpireBeforeTheirAttemptIsTTLOld"),
+	},
+	{
+		Name:   "acquirewait-wraps-ctx-error",
+		File:   "wait.go",
+		Old:    "\t\tif err != nil && ctx.Err() != nil {\n\t\t\treturn nil, ctx.Err()\n\t\t}\n",
+		New:    "",
+		Breaks: "AcquireWait whose context ends during a store call returns a storage error instead of the context's error itself.",
+		Pkg:    ".", Tests: []string{"TestAcquireWait", "TestAcquireWaitReturnsTheContextsErrorDuringAStoreCall", "TestAcquireWaitDoesNotSpinOnALeaseCenturiesAway", "TestSimulation", "TestSimulationModes"},
+		Env: simEnv,
+	},
+	{
+		Name:   "fenced-write-into-slots",
+		File:   "fenced.go",
+		Old:    "strings.HasPrefix(key, LeasePrefix) || strings.HasPrefix(key, SlotPrefix)",
+		New:    "strings.HasPrefix(key, LeasePrefix)",
+		Breaks: "A fenced Write may overwrite slot rows, which are the library's own.",
+		Pkg:    ".", Tests: []string{"TestFencedWrites", "TestFencedWriteBadInputWritesNothing"},
+	},
+
+	// Holders and rows.
+	{
+		Name:   "holder-backslash-unescaped",
+		File:   "holder.go",
+		Old:    "if s[i] == '#' || s[i] == '\\\\' {",
+		New:    "if s[i] == '#' {",
+		Breaks: "HolderFor leaves a backslash unescaped, so two different (principal, node) pairs can give one holder string.",
+		Pkg:    ".", Tests: []string{"TestHolderStringsNeverCollide", "TestParseHolderRefusesForeignStrings", "TestHolderPropertyRejectsNaiveHolders", "FuzzHolderFor"},
+	},
+	{
+		Name:   "node-id-without-nonce",
+		File:   "holder.go",
+		Old:    `return host + "/" + strconv.Itoa(getpid()) + "/" + processNonce()`,
+		New:    `return host + "/" + strconv.Itoa(getpid())`,
+		Breaks: "DefaultNodeID is only host and pid, which two containers of one pod share.",
+		Pkg:    ".", Tests: []string{"TestDefaultNodeID", "TestDefaultNodeIDDiffersBetweenContainersOfOnePod", "TestHolderPropertyRejectsNaiveHolders"},
+	},
+	{
+		Name:   "row-duplicate-field",
+		File:   "row_decode.go",
+		Old:    "\t\tif seen[field] {\n\t\t\treturn p.errorf(\"duplicate field %s\", rowFields[field])\n\t\t}\n",
+		New:    "",
+		Breaks: "The row decoder accepts a known field given twice, which the reference refuses as corrupt.",
+		Pkg:    ".", Tests: []string{"TestRowDecodingFollowsSerde", "TestReferenceDecoderFollowsSerde", "TestRowsWrittenByTheReferenceAreRead", "TestCorruptLeaseRowIsRefusedAndKept", "FuzzRowCodec", "FuzzRowDecode"},
+	},
+
+	// Stores.
+	{
+		Name:   "sqlite-cas-ignores-expected",
+		File:   "store_sqlite.go",
+		Old:    "`UPDATE runlease_meta SET value = ? WHERE key = ? AND value = ?`",
+		New:    "`UPDATE runlease_meta SET value = ? WHERE key = ? AND ? IS NOT NULL`",
+		Breaks: "The SQLite store's MetaCAS writes over any existing row, whatever the expected value.",
+		Pkg:    ".", Tests: []string{"TestSQLiteConformance"}, Short: true,
+	},
+	{
+		Name:   "sqlite-scan-like",
+		File:   "store_sqlite.go",
+		Old:    "`SELECT key, value FROM runlease_meta WHERE key >= ? AND key < ? ORDER BY key`",
+		New:    "`SELECT key, value FROM runlease_meta WHERE key LIKE ? || '%' AND key < ? ORDER BY key`",
+		Breaks: "The SQLite store's MetaScan matches its prefix with an unescaped LIKE, so '%', '_' and letter case in a prefix match other keys.",
+		Pkg:    ".", Tests: []string{"TestSQLiteConformance"}, Short: true,
+	},
+	{
+		Name:   "postgres-cas-ignores-expected",
+		File:   "store_postgres.go",
+		Old:    "`UPDATE %s SET value = $3 WHERE key = $1 AND value = $2`",
+		New:    "`UPDATE %s SET value = $3 WHERE key = $1 AND $2::text IS NOT NULL`",
+		Breaks: "The Postgres store's MetaCAS writes over any existing row, whatever the expected value.",
+		Pkg:    ".", Tests: []string{"TestPostgresConformance"}, Short: true, Postgres: true,
+	},
+	{
+		Name:   "postgres-scan-like",
+		File:   "store_postgres.go",
+		Old:    "`SELECT key, value FROM %s WHERE key >= $1 AND key < $2 ORDER BY key`",
+		New:    "`SELECT key, value FROM %s WHERE key LIKE $1 || '%%' AND key < $2 ORDER BY key`",
+		Breaks: "The Postgres store's MetaScan matches its prefix with an unescaped LIKE, so '%' and '_' in a prefix match other keys.",
+		Pkg:    ".", Tests: []string{"TestPostgresConformance"}, Short: true, Postgres: true,
+	},
+	{
+		Name:   "postgres-notify-wrong-key",
+		File:   "store_postgres_notify.go",
+		Old:    "RETURNING pg_notify($4, $1)",
+		New:    "RETURNING pg_notify($4, $3)",
+		Breaks: "A Postgres release wakes the waiters of a key named by the new row instead of the released key's, so waiters only poll.",
+		Pkg:    ".", Tests: []string{"TestPostgresNotifications", "TestAcquireWait"}, Postgres: true,
+	},
+}
