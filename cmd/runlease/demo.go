@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sync"
 	"time"
 
@@ -86,8 +87,8 @@ func openDemoStore(ctx context.Context, path string) (*runlease.SQLiteStore, err
 	}
 	rows, err := s.MetaScan(ctx, "")
 	if err == nil && len(rows) > 0 {
-		err = fmt.Errorf("%s: demo: %q already holds %d rows; give a new file or none",
-			runlease.CodeInvalidArgument, path, len(rows))
+		err = fmt.Errorf("%s: demo: %q already holds %s; give a new file or none",
+			runlease.CodeInvalidArgument, path, plural(len(rows), "row"))
 	}
 	if err != nil {
 		s.Close()
@@ -157,12 +158,27 @@ func (d *demo) rel(t time.Time) string { return "t+" + shortDuration(t.Sub(d.sta
 
 // say prints one timeline entry at the current simulated time.
 func (d *demo) say(format string, a ...any) {
-	fmt.Fprintf(d.c.stdout, "%-8s %s\n", d.rel(d.clock.Now()), fmt.Sprintf(format, a...))
+	fmt.Fprintf(d.c.stdout, "%-8s %s\n", d.rel(d.clock.Now()), d.simulated(fmt.Sprintf(format, a...)))
 }
 
 // detail prints a line under the last timeline entry.
 func (d *demo) detail(format string, a ...any) {
-	fmt.Fprintf(d.c.stdout, "%-8s   %s\n", "", fmt.Sprintf(format, a...))
+	fmt.Fprintf(d.c.stdout, "%-8s   %s\n", "", d.simulated(fmt.Sprintf(format, a...)))
+}
+
+// rfc3339 matches the instants the library's messages carry.
+var rfc3339 = regexp.MustCompile(`\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2})`)
+
+// simulated rewrites the instants in s, such as a refusal's "until …", in
+// the timeline's simulated time: the timeline never mixes in dates.
+func (d *demo) simulated(s string) string {
+	return rfc3339.ReplaceAllStringFunc(s, func(m string) string {
+		t, err := time.Parse(time.RFC3339Nano, m)
+		if err != nil {
+			return m
+		}
+		return d.rel(t)
+	})
 }
 
 // until sets the simulated clock to start+offset.
@@ -198,6 +214,7 @@ func (d *demo) outro(kept bool) error {
 	if err != nil {
 		return err
 	}
+	r.at = d.rel
 	r.writeText(d.c.stdout)
 	if kept {
 		fmt.Fprintf(d.c.stdout, "\nThe store is kept: runlease status --db %s\n", d.path)

@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
 )
 
 // checkTimeline checks the key lines of a demo's output.
@@ -70,6 +72,29 @@ func TestDemoKeepsTheStoreGivenWithDB(t *testing.T) {
 	assert.Regexp(t, `^runlease: RUN-E001: demo: ".*demo.db" already holds \d+ rows`, r.stderr)
 }
 
+func TestDemoSaysOneRowNotOneRows(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "one.db")
+	s, err := runlease.OpenSQLite(path)
+	require.NoError(t, err)
+	_, err = s.MetaCAS(t.Context(), "k", nil, "v")
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	r := runCLI(t, "demo", "--db", path)
+	assert.Equal(t, exitError, r.code)
+	assert.Contains(t, r.stderr, "already holds 1 row; give a new file or none")
+}
+
+func TestDemoTimelineHoldsOnlySimulatedTime(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, "demo")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.NotRegexp(t, `\d{4}-\d{2}-\d{2}T`, r.stdout, "no dates in a simulated timeline")
+	assert.Regexp(t, `(?m)^\s+RUN-E021: run "nightly-report" is held by another holder \(holder "reports#node-a", fence 1, until t\+30s\)$`, r.stdout)
+	assert.Regexp(t, `(?m)^store sqlite:\S+ at t\+1m50s$`, r.stdout)
+	assert.Regexp(t, `(?m)^nightly-report\s+reports#node-b\s+2\s+live\s+in 30s\s+at t\+2m20s$`, r.stdout)
+}
+
 // TestBuiltBinary builds the command and runs it, so that the exit
 // statuses and the demo are proven through main and os.Exit, not only
 // through run.
@@ -101,6 +126,9 @@ func TestBuiltBinary(t *testing.T) {
 		{[]string{"peek", "never-acquired", "--db", path}, exitAbsent},
 		{[]string{"peek", runCorrupt, "--db", path}, exitError},
 		{[]string{"peek", "--db", path}, exitUsage},
+		{[]string{"status", "--db", path}, exitCorrupt},
+		{[]string{"status", "--db", path, "--state", "live"}, exitOK},
+		{[]string{"--version"}, exitOK},
 	} {
 		err := exec.CommandContext(t.Context(), bin, tc.args...).Run()
 		code := 0

@@ -129,11 +129,11 @@ func spanText(to, from time.Time) string {
 	}
 }
 
-// takeoverText says when another driver may take the run over.
-func takeoverText(info runlease.LeaseInfo) string {
+// takeoverText says, with instants formatted by at, when another driver may take the run over.
+func takeoverText(info runlease.LeaseInfo, at func(time.Time) string) string {
 	switch leaseState(info) {
 	case stateLive:
-		return "at " + timestamp(info.Until)
+		return "at " + at(info.Until)
 	case stateCorrupt:
 		return "never: inspect the row"
 	case stateAbsent:

@@ -86,3 +86,13 @@ func TestTopLevelUsageNamesTheStoreFlags(t *testing.T) {
 	r = runCLI(t, "status", "--help")
 	assert.Regexp(t, `(?m)^  --timeout DURATION\s+give up on the store after DURATION .*\(default 10s\)$`, r.stdout)
 }
+
+func TestStatusHelpDocumentsFiltersAndTheCorruptStatus(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, "status", "--help")
+	for _, s := range []string{"--state STATE", "--run PREFIX", "--max N", "exits with status 5", "  table ", "  omitted "} {
+		assert.Contains(t, r.stdout, s)
+	}
+	r = runCLI(t, "help")
+	assert.Contains(t, r.stdout, "5 status: it shows a\ncorrupt row")
+}

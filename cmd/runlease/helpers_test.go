@@ -136,10 +136,12 @@ func peekRow(t *testing.T, s runlease.Store, runID string) runlease.LeaseInfo {
 
 // statusDoc is status --json, decoded.
 type statusDoc struct {
-	Store  string      `json:"store"`
-	Now    time.Time   `json:"now"`
-	Leases []leaseJSON `json:"leases"`
-	Scopes []scopeJSON `json:"scopes"`
+	Store   string      `json:"store"`
+	Table   *string     `json:"table"`
+	Now     time.Time   `json:"now"`
+	Leases  []leaseJSON `json:"leases"`
+	Omitted int         `json:"omitted"`
+	Scopes  []scopeJSON `json:"scopes"`
 }
 
 func (d statusDoc) lease(t *testing.T, runID string) leaseJSON {

@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/areev/runlease"
@@ -31,7 +32,10 @@ const (
 	exitUsage  = 2 // the command line is wrong: every RUN-E001
 	exitFree   = 3 // peek: the lease expired or was released
 	exitAbsent = 4 // peek: the run has no lease row
-	exitHeld   = exitOK
+	// exitCorrupt: status showed a corrupt row, which blocks its run or
+	// slot until it is repaired; the report was printed in full.
+	exitCorrupt = 5
+	exitHeld    = exitOK
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
@@ -74,6 +78,12 @@ func (c *cli) main(args []string) int {
 	}
 	name, rest := args[0], args[1:]
 	switch name {
+	case "--version", "-version", "version":
+		if len(rest) > 0 {
+			return c.exit(usagef("", "%s takes no arguments", name))
+		}
+		fmt.Fprintf(c.stdout, "runlease %s\n", version(debug.ReadBuildInfo))
+		return exitOK
 	case "help", "-h", "-help", "--help":
 		if len(rest) == 0 {
 			c.topUsage(c.stdout)
@@ -87,6 +97,21 @@ func (c *cli) main(args []string) int {
 		}
 	}
 	return c.exit(usagef("", "unknown command %q", name))
+}
+
+// version is the module version the binary was built from, as "go install
+// …@v1.2.3" records it, or "(devel)" for a build from a work tree, followed
+// by the Go version.
+func version(read func() (*debug.BuildInfo, bool)) string {
+	info, ok := read()
+	if !ok {
+		return "(devel)"
+	}
+	v := info.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	return v + " " + info.GoVersion
 }
 
 // topUsage prints the list of commands.
@@ -113,9 +138,11 @@ The store (status, peek, release, prune):
   --timeout D      give up on the store after D at each step (default 10s)
 
 Exit status: 0 success (peek: held), 1 error, 2 usage error (RUN-E001),
-3 peek: free (expired or released), 4 peek: absent.
+3 peek: free (expired or released), 4 peek: absent, 5 status: it shows a
+corrupt row (named on stderr).
 
-Run "runlease <command> --help" for a command's flags.
+Run "runlease <command> --help" for a command's flags, and
+"runlease --version" for the version.
 `)
 }
 

@@ -86,13 +86,13 @@ func writeLeaseDetail(w io.Writer, info runlease.LeaseInfo, now time.Time) {
 	fmt.Fprintf(tw, "run\t%s\n", info.RunID)
 	fmt.Fprintf(tw, "state\t%s\n", state)
 	if state == stateAbsent {
-		fmt.Fprintf(tw, "takeover\t%s\n", takeoverText(info))
+		fmt.Fprintf(tw, "takeover\t%s\n", takeoverText(info, timestamp))
 		return
 	}
 	fmt.Fprintf(tw, "holder\t%s\n", orDash(info.Holder))
 	fmt.Fprintf(tw, "fence\t%d\n", info.Fence)
 	fmt.Fprintf(tw, "until\t%s (%s)\n", timestamp(info.Until), expiresText(info, now))
-	fmt.Fprintf(tw, "takeover\t%s\n", takeoverText(info))
+	fmt.Fprintf(tw, "takeover\t%s\n", takeoverText(info, timestamp))
 	fmt.Fprintf(tw, "row\t%s\n", info.Row)
 }
 

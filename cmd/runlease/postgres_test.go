@@ -33,13 +33,13 @@ func TestPostgresStatusAndPeek(t *testing.T) {
 	pg := []string{"--postgres", dsn, "--table", table}
 
 	r := runCLI(t, append([]string{"status", "--limit", "mem=4"}, pg...)...)
-	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Equal(t, exitCorrupt, r.code, r.stderr)
 	assert.Regexp(t, `(?m)^live-run\s+alice#node-1\s+1\s+live\s`, r.stdout)
 	assert.Regexp(t, `(?m)^corrupt-run\s+-\s+-\s+corrupt\s`, r.stdout)
 	assert.Regexp(t, `(?m)^mem\s+1/4\s`, r.stdout)
 
 	r = runCLI(t, append([]string{"status", "--json"}, pg...)...)
-	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Equal(t, exitCorrupt, r.code, r.stderr)
 	doc := decodeStatus(t, r.stdout)
 	assert.True(t, strings.HasSuffix(doc.Store, " table "+table), doc.Store)
 	assert.Len(t, doc.Leases, 4)
@@ -137,4 +137,27 @@ func TestPostgresMissingTableIsNotCreated(t *testing.T) {
 	var exists bool
 	require.NoError(t, pool.QueryRow(t.Context(), "SELECT to_regclass($1) IS NOT NULL", pgtest.Ident(table)).Scan(&exists))
 	assert.False(t, exists)
+}
+
+func TestPostgresStatusNamesTheTableInItsOwnField(t *testing.T) {
+	t.Parallel()
+	dsn, table, s := newPGStore(t)
+	seed(t, s)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	for _, args := range [][]string{
+		{"--postgres", dsn, "--table", table},
+		{"--postgres", dsn + sep + "table=" + table},
+		{"--postgres", dsn + sep + "table=" + table, "--table", table},
+	} {
+		r := runCLI(t, append([]string{"status", "--json", "--state", "live"}, args...)...)
+		require.Equal(t, exitOK, r.code, r.stderr)
+		doc := decodeStatus(t, r.stdout)
+		require.NotNil(t, doc.Table, args)
+		assert.Equal(t, table, *doc.Table)
+		assert.True(t, strings.HasSuffix(doc.Store, " table "+table), "kept for scripts that read it: %s", doc.Store)
+		assert.Equal(t, []string{runLive}, runIDs(doc))
+	}
 }

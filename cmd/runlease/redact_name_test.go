@@ -105,7 +105,7 @@ func TestPostgresStoreNamesNeverHoldThePassword(t *testing.T) {
 			t.Parallel()
 			pg := []string{"--postgres", tc.dsn, "--table", table}
 			r := runCLI(t, append([]string{"status", "--json"}, pg...)...)
-			require.Equal(t, exitOK, r.code, r.stderr)
+			require.Equal(t, exitCorrupt, r.code, r.stderr)
 			assert.Equal(t, want, decodeStatus(t, r.stdout).Store)
 			for _, args := range [][]string{
 				{"status"},

@@ -16,11 +16,25 @@ import (
 // report is what status shows: every lease and every live slot, read at one
 // instant of the store's clock.
 type report struct {
-	store  string
-	now    time.Time
-	leases []runlease.LeaseInfo
-	slots  []runlease.SlotInfo
-	limits map[string]int // scope limits given with --limit
+	store    string
+	table    string // the Postgres table; "" for the embedded store
+	now      time.Time
+	leases   []runlease.LeaseInfo
+	omitted  int  // leases that matched the filters beyond --max
+	filtered bool // --state, --run or --max left leases out
+	slots    []runlease.SlotInfo
+	limits   map[string]int // scope limits given with --limit
+	// at formats an instant in the text output; nil is timestamp. The
+	// demo's simulated clock prints its own.
+	at func(time.Time) string
+}
+
+// timeText formats t with r.at.
+func (r *report) timeText(t time.Time) string {
+	if r.at != nil {
+		return r.at(t)
+	}
+	return timestamp(t)
 }
 
 // readReport reads every lease and slot of s, judged at now.
@@ -39,10 +53,12 @@ func readReport(ctx context.Context, s runlease.Store, name string, now time.Tim
 // statusJSON is the document status --json prints. The field names are
 // stable; see the status command's help.
 type statusJSON struct {
-	Store  string      `json:"store"`
-	Now    time.Time   `json:"now"`
-	Leases []leaseJSON `json:"leases"`
-	Scopes []scopeJSON `json:"scopes"`
+	Store   string      `json:"store"`
+	Table   *string     `json:"table"` // the Postgres table; null for the embedded store
+	Now     time.Time   `json:"now"`
+	Leases  []leaseJSON `json:"leases"`
+	Omitted int         `json:"omitted"` // leases matching --state and --run beyond --max
+	Scopes  []scopeJSON `json:"scopes"`
 }
 
 // scopeJSON is the occupancy of one scope.
@@ -105,7 +121,10 @@ func newSlotJSON(s runlease.SlotInfo, now time.Time) slotJSON {
 // writeJSON prints the report as one JSON document: indented, or on one
 // line for a stream of refreshes.
 func (r *report) writeJSON(w io.Writer, compact bool) error {
-	doc := statusJSON{Store: r.store, Now: r.now.UTC(), Leases: []leaseJSON{}, Scopes: r.scopes()}
+	doc := statusJSON{Store: r.store, Now: r.now.UTC(), Leases: []leaseJSON{}, Omitted: r.omitted, Scopes: r.scopes()}
+	if r.table != "" {
+		doc.Table = &r.table
+	}
 	for _, l := range r.leases {
 		doc.Leases = append(doc.Leases, newLeaseJSON(l, r.now))
 	}
@@ -119,13 +138,17 @@ func (r *report) writeJSON(w io.Writer, compact bool) error {
 
 // writeText prints the report as two aligned tables.
 func (r *report) writeText(w io.Writer) {
-	fmt.Fprintf(w, "store %s at %s\n\n", r.store, timestamp(r.now))
+	fmt.Fprintf(w, "store %s at %s\n\n", r.store, r.timeText(r.now))
 	r.writeLeases(w)
 	fmt.Fprintln(w)
 	r.writeScopes(w)
 }
 
 func (r *report) writeLeases(w io.Writer) {
+	if len(r.leases) == 0 && r.filtered {
+		fmt.Fprintln(w, "no leases match --state and --run")
+		return
+	}
 	if len(r.leases) == 0 {
 		fmt.Fprintln(w, "no leases")
 		return
@@ -138,9 +161,16 @@ func (r *report) writeLeases(w io.Writer) {
 			fence = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", l.RunID, orDash(l.Holder), fence,
-			leaseState(l), expiresText(l, r.now), takeoverText(l))
+			leaseState(l), expiresText(l, r.now), takeoverText(l, r.timeText))
 	}
 	tw.Flush()
+	if r.omitted > 0 {
+		more := "leases"
+		if r.omitted == 1 {
+			more = "lease"
+		}
+		fmt.Fprintf(w, "… and %d more %s, beyond --max\n", r.omitted, more)
+	}
 }
 
 func (r *report) writeScopes(w io.Writer) {

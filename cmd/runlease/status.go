@@ -24,9 +24,17 @@ configuration, not stored: give --limit scope=N to see used/limit; the
 scope is a name drivers can claim (letters, digits, '-', '.', '/'), or
 principal:<p>.
 
+--state, --run and --max choose the leases shown (in run id order); the
+scopes are always shown whole. A corrupt row shown is also named on stderr,
+and status then exits with status 5 (not with --watch, which runs until
+interrupted and exits 0); other exit statuses are those of every command.
+
 --json prints one document (with --watch, one line per refresh):
-  store          the store, password redacted
+  store          the store, password redacted (a Postgres store's table,
+                 unless the default, follows as " table NAME")
+  table          the Postgres table; null for the embedded store
   now            the instant the rows were judged at (RFC 3339, UTC)
+  omitted        how many leases matching --state and --run --max left out
   leases[]       run_id, state (live|expired|released|corrupt), holder,
                  fence, until (RFC 3339; null when corrupt or outside the
                  years 0-9999), until_ms (the stored milliseconds since the
@@ -63,20 +71,73 @@ func (l limitsFlag) Set(s string) error {
 	return nil
 }
 
+// statesFlag collects --state flags: lease states, comma-separated or
+// repeated.
+type statesFlag map[string]bool
+
+func (s statesFlag) String() string {
+	out := make([]string, 0, len(s))
+	for k := range s {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+func (s statesFlag) Set(v string) error {
+	for _, st := range strings.Split(v, ",") {
+		switch st {
+		case stateLive, stateExpired, stateReleased, stateCorrupt:
+			s[st] = true
+		default:
+			return fmt.Errorf("want live, expired, released or corrupt, got %q", st)
+		}
+	}
+	return nil
+}
+
 type statusOpts struct {
 	store  storeFlags
 	json   bool
 	watch  time.Duration
 	limits limitsFlag
+	filter leaseFilter
 }
 
+// leaseFilter chooses the leases status shows.
+type leaseFilter struct {
+	states statesFlag // empty: every state
+	prefix string     // run-id prefix
+	max    int        // at most this many; 0: all
+}
+
+// apply returns the leases that f keeps, and how many more matched than
+// --max lets through.
+func (f leaseFilter) apply(leases []runlease.LeaseInfo) (kept []runlease.LeaseInfo, omitted int) {
+	for _, l := range leases {
+		if (len(f.states) == 0 || f.states[leaseState(l)]) && strings.HasPrefix(l.RunID, f.prefix) {
+			kept = append(kept, l)
+		}
+	}
+	if f.max > 0 && len(kept) > f.max {
+		return kept[:f.max], len(kept) - f.max
+	}
+	return kept, 0
+}
+
+// active reports whether f leaves any lease out.
+func (f leaseFilter) active() bool { return len(f.states) > 0 || f.prefix != "" || f.max > 0 }
+
 func (c *cli) status(args []string) error {
-	o := statusOpts{limits: limitsFlag{}}
+	o := statusOpts{limits: limitsFlag{}, filter: leaseFilter{states: statesFlag{}}}
 	fs := c.newFlags("status", "[flags]", statusHelp)
 	o.store.register(fs.FlagSet)
 	fs.BoolVar(&o.json, "json", false, "print JSON for scripts (fields above)")
 	fs.DurationVar(&o.watch, "watch", 0, "refresh every `DURATION` until interrupted")
 	fs.Var(o.limits, "limit", "a scope's limit, `scope=N`, to show used/limit (repeatable)")
+	fs.Var(o.filter.states, "state", "show only leases in `STATE`: live, expired, released, corrupt (comma-separated or repeated)")
+	fs.StringVar(&o.filter.prefix, "run", "", "show only leases whose run id starts with `PREFIX`")
+	fs.IntVar(&o.filter.max, "max", 0, "show at most `N` leases, in run id order (0: all)")
 	pos, err := c.parse(fs, args)
 	switch {
 	case err != nil:
@@ -85,6 +146,8 @@ func (c *cli) status(args []string) error {
 		return usagef("status", "unexpected argument %q", pos[0])
 	case o.watch < 0 || (o.watch > 0 && o.watch < 100*time.Millisecond):
 		return usagef("status", "--watch %v: give at least 100ms", o.watch)
+	case o.filter.max < 0:
+		return usagef("status", "--max %d: give 0 (all) or more", o.filter.max)
 	}
 	s, err := c.open(fs.FlagSet, &o.store, readOnly)
 	if err != nil {
@@ -105,11 +168,60 @@ func (c *cli) statusOnce(s *openedStore, o statusOpts) error {
 	if err != nil {
 		return err
 	}
+	r.table = s.table
+	r.leases, r.omitted = o.filter.apply(r.leases)
+	r.filtered = o.filter.active()
 	if o.json {
-		return r.writeJSON(c.stdout, o.watch > 0)
+		err = r.writeJSON(c.stdout, o.watch > 0)
+	} else {
+		r.writeText(c.stdout)
 	}
-	r.writeText(c.stdout)
-	return nil
+	if err != nil {
+		return err
+	}
+	return c.warnCorrupt(r, o.watch > 0)
+}
+
+// warnCorrupt says on stderr which corrupt rows the report shows: nobody
+// takes such a run over, and nothing removes the row, until a person
+// repairs it. Without --watch, status then exits with exitCorrupt.
+func (c *cli) warnCorrupt(r *report, watching bool) error {
+	var runs, slots []string
+	for _, l := range r.leases {
+		if l.Corrupt {
+			runs = append(runs, l.RunID)
+		}
+	}
+	for _, s := range r.slots {
+		if s.Corrupt {
+			slots = append(slots, s.Key)
+		}
+	}
+	n := len(runs) + len(slots)
+	if n == 0 {
+		return nil
+	}
+	var what []string
+	if len(runs) > 0 {
+		what = append(what, "lease of "+strings.Join(quoteAll(runs), ", "))
+	}
+	if len(slots) > 0 {
+		what = append(what, "slot "+strings.Join(quoteAll(slots), ", "))
+	}
+	fmt.Fprintf(c.stderr, "runlease: warning: %s does not parse (%s): nobody can take it over until it "+
+		"is repaired; see \"runlease repair --help\"\n", plural(n, "corrupt row"), strings.Join(what, "; "))
+	if watching {
+		return nil
+	}
+	return exitStatus(exitCorrupt)
+}
+
+func quoteAll(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = strconv.Quote(s)
+	}
+	return out
 }
 
 // watch prints a report every o.watch until interrupted. A failed refresh

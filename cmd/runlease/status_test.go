@@ -22,7 +22,7 @@ func TestStatusListsEveryLeaseAndScopeForPeople(t *testing.T) {
 	t.Parallel()
 	path := newDB(t)
 	r := runCLI(t, "status", "--db", path, "--limit", "mem=4")
-	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Equal(t, exitCorrupt, r.code, r.stderr)
 	for _, re := range []string{
 		`(?m)^store sqlite:` + regexp.QuoteMeta(path) + ` at \d{4}-`,
 		`(?m)^RUN\s+HOLDER\s+FENCE\s+STATE\s+EXPIRES\s+TAKEOVER$`,
@@ -36,14 +36,15 @@ func TestStatusListsEveryLeaseAndScopeForPeople(t *testing.T) {
 	} {
 		assert.Regexp(t, re, r.stdout)
 	}
-	assert.Empty(t, r.stderr)
+	assert.Equal(t, "runlease: warning: 1 corrupt row does not parse (lease of \"corrupt-run\"): nobody can "+
+		"take it over until it is repaired; see \"runlease repair --help\"\n", r.stderr)
 }
 
 func TestStatusPrintsJSONForScripts(t *testing.T) {
 	t.Parallel()
 	path := newDB(t)
 	r := runCLI(t, "status", "--json", "--db", path, "--limit", "mem=4", "--limit", "principal:bob=2")
-	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Equal(t, exitCorrupt, r.code, r.stderr)
 	doc := decodeStatus(t, r.stdout)
 	assert.Equal(t, "sqlite:"+path, doc.Store)
 	assert.WithinDuration(t, time.Now(), doc.Now, time.Minute)
@@ -92,7 +93,7 @@ func TestStatusPrintsJSONForScripts(t *testing.T) {
 func TestStatusJSONFieldNamesAreStable(t *testing.T) {
 	t.Parallel()
 	r := runCLI(t, "status", "--json", "--db", newDB(t))
-	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Equal(t, exitCorrupt, r.code, r.stderr)
 	var doc struct {
 		Leases []map[string]any
 		Scopes []map[string]any
@@ -116,11 +117,11 @@ func TestStatusShowsCorruptSlotRows(t *testing.T) {
 	require.NoError(t, s.Close())
 
 	r := runCLI(t, "status", "--db", path, "--limit", "mem=4")
-	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Equal(t, exitCorrupt, r.code, r.stderr)
 	assert.Regexp(t, `(?m)^mem\s+1/4\s+corrupt row "runslot:mem:3"$`, r.stdout, "it blocks its slot")
 
 	r = runCLI(t, "status", "--db", path, "--json")
-	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Equal(t, exitCorrupt, r.code, r.stderr)
 	slot := decodeStatus(t, r.stdout).scope(t, "mem").Slots[0]
 	assert.True(t, slot.Corrupt)
 	assert.Equal(t, 3, slot.Slot)

@@ -46,7 +46,7 @@ func TestLimitsAcceptEveryScopeDriversCanClaim(t *testing.T) {
 	path := newDB(t)
 	r := runCLI(t, "status", "--db", path, "--json", "--limit", "mem=4", "--limit", "a/b.c-D9=2",
 		"--limit", "principal:al:ice é=1", "--limit", "principal:alice=3")
-	require.Equal(t, exitOK, r.code, r.stderr)
+	require.Equal(t, exitCorrupt, r.code, r.stderr)
 	doc := decodeStatus(t, r.stdout)
 	assert.Equal(t, 2, *doc.scope(t, "a/b.c-D9").Limit)
 	assert.Equal(t, 1, *doc.scope(t, "principal:al:ice é").Limit)
