@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 )
 
@@ -261,8 +262,17 @@ func (o *options) validateKeep(lease *Lease) error {
 // jitter returns d scaled by a random factor in [0.75, 1.25), so that many
 // keepers retrying after one outage do not retry in step.
 func jitter(d time.Duration) time.Duration {
-	return d*3/4 + time.Duration(rand.Int64N(int64(d)/2+1))
+	draw := rand.Int64N
+	if f := jitterDraw.Load(); f != nil {
+		draw = *f
+	}
+	return d*3/4 + time.Duration(draw(int64(d)/2+1))
 }
+
+// jitterDraw, when set, replaces rand.Int64N in jitter: it is the only
+// randomness of leases, keepers and slots, and a test that replays a seeded
+// schedule sets it to a source of that seed.
+var jitterDraw atomic.Pointer[func(n int64) int64]
 
 // after schedules the next try after a fault at now, and returns when.
 func (w *retry) after(now time.Time, interval time.Duration) time.Time {

@@ -66,8 +66,9 @@ type batchJob struct {
 // Keep fails with [ErrInvalidArgument] for bad options, and with the lease's
 // [*LeaseLostError] when it is already lost. When the lease's trust window
 // has already run out (it was acquired or last renewed more than TTL -
-// margin ago), the keeper ends at once with [ErrTrustExpired]: renew the
-// lease first. Several keepers may keep one lease; they share its renewals.
+// margin ago), the keeper has ended with [ErrTrustExpired] by the time Keep
+// returns (Done closed, work context cancelled): renew the lease first.
+// Several keepers may keep one lease; they share its renewals.
 func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keeper, error) {
 	if lease == nil {
 		return nil, invalidArg("lease", "nil")
@@ -96,16 +97,26 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 		})
 	}
 	r.mu.Lock()
-	ended := k.err != nil // lost or ctx ended already
-	if !ended {
+	report, end := func() {}, func() { unwatch() }
+	if k.err == nil { // not lost, nor ctx ended, already
 		k.unwatch = unwatch
-		k.next = time.Now() // look at it at once: its trust may have run out
-		r.push(k)
+		now := time.Now()
+		var reason error
+		if reason, report = r.lossLocked(k, now); reason != nil {
+			// Its trust window ran out before it started (or a strictly
+			// kept slot is lost): it ends before Keep returns, so its work
+			// context is never live while a contender may be granted the
+			// run, however late the loop runs.
+			end = r.endLocked(k, reason)
+		} else {
+			end = func() {}
+			k.next = now // the loop looks at it at once: a renewal may be due
+			r.push(k)
+		}
 	}
 	r.mu.Unlock()
-	if ended {
-		unwatch()
-	}
+	report()
+	end()
 	return k, nil
 }
 
