@@ -80,6 +80,8 @@ func (simAPI) Keep(ctx context.Context, r sim.Renewer, l sim.Lease, spec sim.Kee
 
 func (simAPI) IsKeeperStopped(err error) bool { return errors.Is(err, runlease.ErrKeeperStopped) }
 
+func (simAPI) SetJitter(draw func(n int64) int64) { runlease.SetJitterDraw(draw) }
+
 // simSlots adapts *runlease.Slots to sim.Slots.
 type simSlots struct{ s *runlease.Slots }
 

@@ -32,6 +32,10 @@ type API interface {
 	// IsKeeperStopped reports whether err says a keeper was stopped rather
 	// than lost.
 	IsKeeperStopped(err error) bool
+	// SetJitter makes the library draw the random part of its backoff and
+	// poll intervals from draw (nil: its own random source), so that a
+	// schedule's fake times depend on its seed alone.
+	SetJitter(draw func(n int64) int64)
 }
 
 // Lease is a held lease.

@@ -223,13 +223,16 @@ func (w *World) begin(a *actor, kind string) {
 		})
 	case "write", "write-keeper-ctx":
 		var work context.Context
+		desc := "Write " + run
 		if kind == "write-keeper-ctx" { // any keeper of the lease, ended or not
 			w.mu.Lock()
 			ks := w.keepersOf(a)
 			w.mu.Unlock()
-			work = ks[w.rng.IntN(len(ks))].work
+			rec := ks[w.rng.IntN(len(ks))]
+			work = rec.work
+			desc += fmt.Sprintf(" with k%d's context", rec.id)
 		}
-		w.launch(a, "Write "+run, callTimeout+promptly, func(ctx context.Context, o *op) error {
+		w.launch(a, desc, callTimeout+promptly, func(ctx context.Context, o *op) error {
 			return w.write(ctx, o, a, l, run, fence, work)
 		})
 	case "release":

@@ -36,6 +36,22 @@ func (w *World) write(ctx context.Context, o *op, a *actor, l Lease, run string,
 		w.violate("write-landed-reported-not", subject, "Write #%d of %s by %s landed %q but returned an error that rules it out: %v",
 			o.id, run, a.holder, value, err)
 	}
+	if work != nil && work.Err() != nil && errors.Is(err, context.Cause(work)) &&
+		errors.Is(err, runlease.ErrTrustExpired) {
+		// The keeper whose context the write used ended, its trust window
+		// run out, and the write returns that cause, as Keeper.Context
+		// promises. The window that ran out is the keeper's, judged when it
+		// ended (its Lost hook checked it then), not the lease's now: the
+		// lease may have been renewed since, and its other keepers may
+		// trust it. The driver still drops the lease, as it must on an
+		// error matching ErrLeaseLost.
+		w.mu.Lock()
+		if a.lease == l {
+			a.lost = true
+		}
+		w.mu.Unlock()
+		return err
+	}
 	w.checkLoss("Write", l, run, a.holder, fence, err)
 	if endedBefore && err != nil && !errors.Is(err, runlease.ErrLeaseLost) && !errors.Is(err, context.Cause(work)) {
 		w.violate("ctx-cause", subject, "Write #%d through the work context of an ended keeper returned %v, "+
@@ -60,6 +76,7 @@ func (w *World) beginKeep(a *actor, kind string, l Lease, run string, fence uint
 	w.mu.Unlock()
 	spec := KeepSpec{Slots: slots,
 		Lost: func(err error) {
+			w.tracef("keeper k%d of %s lost: %v", rec.id, run, errText(err))
 			w.checkLoss(fmt.Sprintf("keeper k%d (Lost hook)", rec.id), l, run, a.holder, fence, err)
 		},
 		SlotsLost: func(slotRun string, keys []string, err error) { w.onSlotsLost(rec, slotRun, keys, err) },
@@ -86,6 +103,14 @@ func (w *World) beginKeep(a *actor, kind string, l Lease, run string, fence uint
 			return err
 		}
 		rec.k, rec.work = k, k.Context()
+		// A keeper of a lease whose trust window ran out has ended by the
+		// time Keep returns: its row may have expired, and a contender be
+		// granted the run, before the Renewer's loop looks at it.
+		if trusted := k.TrustedUntil(); rec.work.Err() == nil && !time.Now().Before(trusted) {
+			w.violate("trust-late", fmt.Sprintf("keep|%d", rec.id),
+				"Keep returned keeper k%d of %s with its work context live, %s after its trust window ended",
+				rec.id, run, fmtDur(time.Since(trusted)))
+		}
 		w.mu.Lock()
 		w.keepers = append(w.keepers, rec)
 		w.mu.Unlock()

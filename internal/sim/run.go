@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing/synctest"
 	"time"
 )
@@ -61,7 +62,15 @@ func Run(mode Mode, seed uint64, api API, mon *Monitor) *Report {
 	w := &World{mode: mode, seed: seed, api: api, mon: mon, start: time.Now(),
 		rng:  rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		seen: map[string]bool{}, lostAt: map[Lease]time.Time{}, slotLosses: map[string]bool{},
-		claims: map[string]*claimRec{}, userValues: map[string]bool{}, writer: map[string]*actor{}, releasing: map[Lease]bool{}, fenceHolder: map[string]string{}, confirmed: map[Lease]time.Time{}}
+		claims: map[string]*claimRec{}, userValues: map[string]bool{}, writer: map[string]*actor{}, releasing: map[Lease]bool{}, fenceHolder: map[string]string{}, confirmed: map[Lease][]confirmation{}}
+	jitter := rand.New(rand.NewPCG(seed^0x5851f42d4c957f2d, seed))
+	var jitterMu sync.Mutex
+	api.SetJitter(func(n int64) int64 {
+		jitterMu.Lock()
+		defer jitterMu.Unlock()
+		return jitter.Int64N(n)
+	})
+	defer api.SetJitter(nil)
 	w.store = newStore(seed, w, w.tracef)
 	w.store.yield = mode.Yield
 	w.store.weather = mode.Weather[0]
@@ -113,6 +122,12 @@ func (w *World) event() {
 // teardown heals the store, stops every keeper and Renewer, and lets fake
 // time pass until every operation has returned, checking the bounds.
 func (w *World) teardown() {
+	// Let the last step's operation run until it blocks, as every other
+	// step's does, before the heal ends the hung calls: otherwise it races
+	// them on real threads, and a replay need not end as the schedule did.
+	synctest.Wait()
+	w.mon.tick()
+	w.observe(w.store.Hung() == 0)
 	w.store.healAll()
 	w.tracef("teardown: store healed; stopping every keeper")
 	synctest.Wait()

@@ -88,15 +88,15 @@ type World struct {
 	ops         []*op
 	renewers    []Renewer
 	violations  []Violation
-	seen        map[string]bool      // checks already reported, to report each once
-	lostAt      map[Lease]time.Time  // when a call on the lease first reported it lost
-	slotLosses  map[string]bool      // slot run + key reported lost by a hook
-	claims      map[string]*claimRec // slot run → its claim in flight
-	userValues  map[string]bool      // every user value a fenced write landed
-	writer      map[string]*actor    // key → the driver whose operation last wrote it, when known
-	releasing   map[Lease]bool       // leases whose driver called a release
-	fenceHolder map[string]string    // run|fence → the holder granted it first
-	confirmed   map[Lease]time.Time  // when the last call on the lease that succeeded began
+	seen        map[string]bool          // checks already reported, to report each once
+	lostAt      map[Lease]time.Time      // when a call on the lease first reported it lost
+	slotLosses  map[string]bool          // slot run + key reported lost by a hook
+	claims      map[string]*claimRec     // slot run → its claim in flight
+	userValues  map[string]bool          // every user value a fenced write landed
+	writer      map[string]*actor        // key → the driver whose operation last wrote it, when known
+	releasing   map[Lease]bool           // leases whose driver called a release
+	fenceHolder map[string]string        // run|fence → the holder granted it first
+	confirmed   map[Lease][]confirmation // the calls on the lease that succeeded
 }
 
 // violate records a violation, once per check and subject.
