@@ -1,11 +1,13 @@
 // Command runlease is the operator's tool for runlease stores: it shows
 // which driver holds which run and until when, how full the concurrency
-// slots are, force-releases a stuck lease, prunes old rows, prints the
-// Postgres schema, and plays a short demo of the library.
+// slots are, force-releases a stuck lease, repairs a corrupt row, prunes
+// old rows, prints the Postgres schema, and plays a short demo of the
+// library. It names stores as runlease.Open does.
 //
 //	go run ./cmd/runlease demo
 //	runlease status --db runs.db
 //	runlease peek run-42 --postgres "$DSN"; echo $?   # 0 held, 3 free, 4 absent
+//	runlease repair run-7 --fence 18                  # a corrupt row: a tombstone at fence 18
 //
 // Run "runlease help" for the commands and "runlease <command> --help" for
 // each command's flags.
@@ -64,6 +66,7 @@ var commands = []command{
 	{"status", "list every lease, and slot occupancy per scope", (*cli).status},
 	{"peek", "show one run's lease; the exit status says held, free or absent", (*cli).peek},
 	{"release", "force-release a stuck lease, keeping its fence", (*cli).release},
+	{"repair", "replace a corrupt row: a lease by a tombstone at a fence you give, a slot by nothing", (*cli).repair},
 	{"prune", "remove released and expired rows older than a horizon", (*cli).prune},
 	{"schema", "print the Postgres table's DDL for migration tools", (*cli).schema},
 }
@@ -129,7 +132,7 @@ Commands:
 	}
 	tw.Flush()
 	fmt.Fprint(w, `
-The store (status, peek, release, prune):
+The store (status, peek, release, repair, prune):
   --db PATH        the embedded SQLite store (default runlease.db)
   --postgres DSN   a shared Postgres store (default $RUNLEASE_POSTGRES): a
                    postgres:// URL or key=value pairs, as runlease.Open reads

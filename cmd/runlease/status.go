@@ -208,8 +208,8 @@ func (c *cli) warnCorrupt(r *report, watching bool) error {
 	if len(slots) > 0 {
 		what = append(what, "slot "+strings.Join(quoteAll(slots), ", "))
 	}
-	fmt.Fprintf(c.stderr, "runlease: warning: %s does not parse (%s): nobody can take it over until it "+
-		"is repaired; see \"runlease repair --help\"\n", plural(n, "corrupt row"), strings.Join(what, "; "))
+	fmt.Fprintf(c.stderr, "runlease: warning: %s (%s): a row that does not parse blocks its run or slot "+
+		"until it is repaired; see \"runlease repair --help\"\n", plural(n, "corrupt row"), strings.Join(what, "; "))
 	if watching {
 		return nil
 	}

@@ -91,7 +91,7 @@ func TestStatusExitsWithItsOwnStatusWhenItShowsACorruptRow(t *testing.T) {
 	r := runCLI(t, "status", "--db", path, "--json")
 	assert.Equal(t, exitCorrupt, r.code)
 	assert.Equal(t, 1, strings.Count(r.stderr, "\n"), r.stderr)
-	assert.Contains(t, r.stderr, `runlease: warning: 1 corrupt row does not parse (lease of "corrupt-run")`)
+	assert.Contains(t, r.stderr, `runlease: warning: 1 corrupt row (lease of "corrupt-run"): `)
 	decodeStatus(t, r.stdout) // the report is printed in full
 
 	r = runCLI(t, "status", "--db", path, "--state", "live")
