@@ -2,6 +2,7 @@ package runlease_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -285,4 +286,28 @@ func TestOpenOpensAPostgresStoreOnTheTargetsTable(t *testing.T) {
 	assert.True(t, found)
 	assert.Equal(t, "v", v)
 	require.NoError(t, s.Close())
+}
+
+// ExampleOpen opens the store a configuration string names; the same code
+// opens "postgres://app@db/app?table=leases" in production.
+func ExampleOpen() {
+	ctx := context.Background()
+	store, err := runlease.Open(ctx, "sqlite::memory:")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer store.Close()
+	lease, err := runlease.Acquire(ctx, store, "nightly-report", "reports#node-a")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("fence", lease.Fence())
+
+	_, err = runlease.Open(ctx, "postgres://app:hunter2secret@db:99999/app")
+	fmt.Println(err)
+	// Output:
+	// fence 1
+	// RUN-E001: invalid target: the Postgres DSN does not parse: invalid port; want sqlite:PATH, file:PATH[?mode=ro], postgres://USER@HOST:PORT/DATABASE[?table=NAME], or key=value pairs such as "host=H dbname=D table=NAME"
 }
