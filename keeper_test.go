@@ -123,6 +123,11 @@ func TestKeeper(t *testing.T) {
 			synctest.Wait()
 			_, _, nlost := ev.counts()
 			assert.Equal(t, 1, nlost, "the Lost hook fires once")
+			ev.mu.Lock()
+			defer ev.mu.Unlock()
+			require.NotEmpty(t, ev.renewed, "the renewal that found the loss is reported to Renewed too")
+			last := ev.renewed[len(ev.renewed)-1]
+			assert.ErrorIs(t, last.Err, runlease.ErrTakenOver)
 		})
 	})
 

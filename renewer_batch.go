@@ -157,7 +157,10 @@ func (r *Renewer) takeSem(ctx context.Context) error {
 // next renewal, a retry, or the end.
 func (r *Renewer) finishLease(k *Keeper, j *job, start time.Time, err error) {
 	r.mu.Lock()
-	running := k.err == nil
+	// The hook hears of every attempt of a running keeper, the one that
+	// found the lease lost included: that call ended the keeper (Lease.lose)
+	// before returning here.
+	running := k.err == nil || errors.Is(err, ErrLeaseLost) && errors.Is(k.err, ErrLeaseLost)
 	r.mu.Unlock()
 	if running {
 		if h := k.o.hooks.Renewed; h != nil {
