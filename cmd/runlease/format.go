@@ -7,86 +7,27 @@ import (
 	"time"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/statuspage"
 )
 
 // Lease states, as status and peek print them and as --json spells them.
 const (
-	stateLive     = "live"     // held: Acquire by another holder is refused until it expires
-	stateExpired  = "expired"  // its holder stopped renewing: anyone may take over
-	stateReleased = "released" // given up: anyone may take over, continuing the fence
-	stateCorrupt  = "corrupt"  // the row does not parse: nobody takes over until a person looks
-	stateAbsent   = "absent"   // no row (peek only)
+	stateLive     = statuspage.StateLive
+	stateExpired  = statuspage.StateExpired
+	stateReleased = statuspage.StateReleased
+	stateCorrupt  = statuspage.StateCorrupt
+	stateAbsent   = statuspage.StateAbsent
 )
 
 // leaseState names the state of info.
-func leaseState(info runlease.LeaseInfo) string {
-	switch {
-	case !info.Found:
-		return stateAbsent
-	case info.Corrupt:
-		return stateCorrupt
-	case info.Released:
-		return stateReleased
-	case info.Live:
-		return stateLive
-	}
-	return stateExpired
-}
+func leaseState(info runlease.LeaseInfo) string { return statuspage.State(info) }
 
-// leaseJSON is one lease in --json output. The field names are stable.
-type leaseJSON struct {
-	RunID  string `json:"run_id"`
-	State  string `json:"state"`  // live, expired, released, corrupt; peek also absent
-	Holder string `json:"holder"` // "" when released, corrupt or absent
-	Fence  uint64 `json:"fence"`  // 0 when corrupt or absent
-	// Until is when the lease expires (expired, released: ended); null when
-	// corrupt or absent, and when RFC 3339 cannot write it (outside the
-	// years 0 to 9999; UntilMS still has it).
-	Until *time.Time `json:"until"`
-	// UntilMS is the row's until_ms, milliseconds since the Unix epoch;
-	// null when corrupt or absent.
-	UntilMS *int64 `json:"until_ms"`
-	// ExpiresInMS is until_ms minus now in milliseconds, clamped to the
-	// int64 range: negative once expired.
-	ExpiresInMS *int64 `json:"expires_in_ms"`
-	// TakeoverPossible tells whether another holder may acquire the run now:
-	// true for an absent run, false for a corrupt row.
-	TakeoverPossible bool `json:"takeover_possible"`
-	// TakeoverAt is when takeover becomes possible (in the past when it
-	// already is); null for a corrupt row, which nobody takes over, and for
-	// an absent run, which has no lease to take over.
-	TakeoverAt *time.Time `json:"takeover_at"`
-	Row        string     `json:"row"` // the stored row, byte for byte
-}
+// leaseJSON is one lease in --json output: statuspage's, as the status
+// page serves it.
+type leaseJSON = statuspage.Lease
 
 func newLeaseJSON(info runlease.LeaseInfo, now time.Time) leaseJSON {
-	j := leaseJSON{RunID: info.RunID, State: leaseState(info), Holder: info.Holder, Fence: info.Fence, Row: info.Row}
-	switch j.State {
-	case stateAbsent:
-		j.TakeoverPossible = true // no lease: the first acquirer gets the run
-		return j
-	case stateCorrupt:
-		return j
-	}
-	untilMS, in := info.Until.UnixMilli(), millisUntil(info.Until, now)
-	takeover := info.Until
-	if !info.Live && info.Until.After(now) { // released ahead of this clock
-		takeover = now
-	}
-	j.Until, j.UntilMS, j.ExpiresInMS, j.TakeoverAt = jsonTime(info.Until), &untilMS, &in, jsonTime(takeover)
-	j.TakeoverPossible = !info.Live
-	return j
-}
-
-// jsonTime returns t in UTC for a JSON field, or nil when RFC 3339 cannot
-// write it: a row may hold any int64 of milliseconds, some 292 million
-// years either way, and encoding/json refuses years outside 0 to 9999.
-func jsonTime(t time.Time) *time.Time {
-	t = t.UTC()
-	if y := t.Year(); y < 0 || y > 9999 {
-		return nil
-	}
-	return &t
+	return statuspage.NewLease(info, now)
 }
 
 // millisUntil returns until minus now in milliseconds, clamped to the int64

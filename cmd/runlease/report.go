@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/statuspage"
 )
 
 // report is what status shows: every lease and every live slot, read at one
@@ -50,84 +50,23 @@ func readReport(ctx context.Context, s runlease.Store, name string, now time.Tim
 	return &report{store: name, now: now, leases: leases, slots: slots, limits: limits}, nil
 }
 
-// statusJSON is the document status --json prints. The field names are
-// stable; see the status command's help.
-type statusJSON struct {
-	Store   string      `json:"store"`
-	Table   *string     `json:"table"` // the Postgres table; null for the embedded store
-	Now     time.Time   `json:"now"`
-	Leases  []leaseJSON `json:"leases"`
-	Omitted int         `json:"omitted"` // leases matching --state and --run beyond --max
-	Scopes  []scopeJSON `json:"scopes"`
-}
-
-// scopeJSON is the occupancy of one scope.
-type scopeJSON struct {
-	Scope string     `json:"scope"`
-	Used  int        `json:"used"`  // live slots, corrupt rows included: they block their slot
-	Limit *int       `json:"limit"` // from --limit; null when not given
-	Slots []slotJSON `json:"slots"`
-}
-
-// slotJSON is one live (or corrupt) slot row.
-type slotJSON struct {
-	Slot        int        `json:"slot"`     // -1 when the key has no number
-	RunID       string     `json:"run_id"`   // "" when corrupt
-	Until       *time.Time `json:"until"`    // null when corrupt, or outside the years 0 to 9999
-	UntilMS     *int64     `json:"until_ms"` // null when corrupt
-	ExpiresInMS *int64     `json:"expires_in_ms"`
-	Corrupt     bool       `json:"corrupt"`
-	Key         string     `json:"key"`
-}
+// The --json documents are statuspage's, so that status --json and the
+// status page's JSON endpoint cannot drift apart.
+type (
+	statusJSON = statuspage.Document
+	scopeJSON  = statuspage.Scope
+	slotJSON   = statuspage.Slot
+)
 
 // scopes groups the slots by scope, adding the scopes of --limit that hold
 // none, in name order.
-func (r *report) scopes() []scopeJSON {
-	by := map[string]*scopeJSON{}
-	get := func(name string) *scopeJSON {
-		if by[name] == nil {
-			by[name] = &scopeJSON{Scope: name, Slots: []slotJSON{}}
-			if n, ok := r.limits[name]; ok {
-				by[name].Limit = &n
-			}
-		}
-		return by[name]
-	}
-	for name := range r.limits {
-		get(name)
-	}
-	for _, s := range r.slots {
-		sc := get(s.Scope)
-		sc.Used++
-		sc.Slots = append(sc.Slots, newSlotJSON(s, r.now))
-	}
-	out := make([]scopeJSON, 0, len(by))
-	for _, sc := range by {
-		out = append(out, *sc)
-	}
-	slices.SortFunc(out, func(a, b scopeJSON) int { return strings.Compare(a.Scope, b.Scope) })
-	return out
-}
-
-func newSlotJSON(s runlease.SlotInfo, now time.Time) slotJSON {
-	j := slotJSON{Slot: s.Slot, RunID: s.RunID, Corrupt: s.Corrupt, Key: s.Key}
-	if !s.Corrupt {
-		untilMS, in := s.Until.UnixMilli(), millisUntil(s.Until, now)
-		j.Until, j.UntilMS, j.ExpiresInMS = jsonTime(s.Until), &untilMS, &in
-	}
-	return j
-}
+func (r *report) scopes() []scopeJSON { return statuspage.NewScopes(r.slots, r.limits, r.now) }
 
 // writeJSON prints the report as one JSON document: indented, or on one
 // line for a stream of refreshes.
 func (r *report) writeJSON(w io.Writer, compact bool) error {
-	doc := statusJSON{Store: r.store, Now: r.now.UTC(), Leases: []leaseJSON{}, Omitted: r.omitted, Scopes: r.scopes()}
-	if r.table != "" {
-		doc.Table = &r.table
-	}
-	for _, l := range r.leases {
-		doc.Leases = append(doc.Leases, newLeaseJSON(l, r.now))
-	}
+	doc := statuspage.NewDocument(r.store, r.table, r.now, r.leases, r.slots, r.limits)
+	doc.Omitted = r.omitted
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	if !compact {
