@@ -15,10 +15,11 @@ import (
 // cannot land behind its successor's.
 //
 // Values are bytes: any value up to [MaxValueLen] bytes that is UTF-8 text
-// without NUL is stored as it is, and any other value (protobuf, gob,
-// compressed state) up to [MaxBinaryValueLen] bytes is stored in a text
-// envelope, base64 behind the prefix [BinaryValuePrefix], that every store
-// keeps. [Lease.Read] and [DecodeValue] return it byte for byte.
+// without NUL, and does not start with [BinaryValuePrefix], is stored as it
+// is, and any other value (protobuf, gob, compressed state) up to
+// [MaxBinaryValueLen] bytes is stored in a text envelope, base64 behind
+// that prefix, that every store keeps. [Lease.Read] and [DecodeValue]
+// return it byte for byte.
 //
 // The store must implement [Batcher] (both built-in stores do); otherwise,
 // and for keys in the library's own namespaces ("runlease:", "runslot:"),
@@ -190,8 +191,9 @@ func checkUserKey(key string) error {
 const BinaryValuePrefix = "runlease-b64:"
 
 // MaxBinaryValueLen is the longest value [Lease.Write] takes that must be
-// stored in the binary envelope: its stored form is at most [MaxValueLen].
-// Text values may be up to MaxValueLen bytes.
+// stored in the binary envelope (any value that is not UTF-8 text without
+// NUL, and text that starts with [BinaryValuePrefix]): its stored form is
+// then at most [MaxValueLen]. Other text may be up to MaxValueLen bytes.
 const MaxBinaryValueLen = (MaxValueLen - len(BinaryValuePrefix)) / 4 * 3
 
 // encodeValue returns the stored form of a fenced write's value.
@@ -200,7 +202,8 @@ func encodeValue(v string) (string, error) {
 		return v, nil
 	}
 	if len(v) > MaxBinaryValueLen {
-		return "", invalidArg("value", "%d bytes of binary value (not UTF-8 text without NUL); the limit is %d (%d for text)", len(v), MaxBinaryValueLen, MaxValueLen)
+		return "", invalidArg("value", "%d bytes of a value kept in the binary envelope (not UTF-8 text without NUL, or starting with %q); the limit is %d (%d for other text)",
+			len(v), BinaryValuePrefix, MaxBinaryValueLen, MaxValueLen)
 	}
 	return BinaryValuePrefix + base64.StdEncoding.EncodeToString([]byte(v)), nil
 }

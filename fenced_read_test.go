@@ -189,3 +189,24 @@ func TestLeaseReadRefusesABrokenEnvelope(t *testing.T) {
 	assert.Equal(t, broken, get(t, s, "ckpt:r"))
 	require.NoError(t, l.Renew(ctx), "a corrupt value of the caller's is not a loss")
 }
+
+// TestFencedWriteLimitsTextThatLooksEnveloped writes text that starts with
+// the envelope's prefix: kept in the envelope, so its limit is the binary
+// one, and a value one byte over is refused with a message that says why.
+func TestFencedWriteLimitsTextThatLooksEnveloped(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newSQLite(t)
+	l, err := runlease.Acquire(ctx, s, "pt", "A")
+	require.NoError(t, err)
+	longest := runlease.BinaryValuePrefix + strings.Repeat("a", runlease.MaxBinaryValueLen-len(runlease.BinaryValuePrefix))
+	require.NoError(t, l.Write(ctx, runlease.Put("ckpt:pt", longest)))
+	got, _, err := l.Read(ctx, "ckpt:pt")
+	require.NoError(t, err)
+	require.True(t, got == longest)
+	before := rows(t, s)
+	err = l.Write(ctx, runlease.Put("ckpt:pt", longest+"a"))
+	require.ErrorIs(t, err, runlease.ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "starting with")
+	assert.Equal(t, before, rows(t, s))
+}
