@@ -49,9 +49,13 @@ func main() {
 	verbose := flag.Bool("v", false, "print the go command's and the tests' output as they run")
 	baseline := flag.Bool("baseline", true, "first run each mutation's tests on the real code")
 	timeout := flag.Duration("timeout", 0, "override every mutation's test timeout")
+	testsFlag := flag.String("tests", "", "keep only the tests whose name matches this regular expression (such as '^TestSimulation' to see what the simulations alone catch), and only the mutations that have one")
 	flag.Parse()
 
 	sel, err := selectMutations(catalog, *runFlag)
+	if err == nil && *testsFlag != "" {
+		sel, err = narrowTests(sel, *testsFlag)
+	}
 	if err != nil {
 		fatalf(2, "%v", err)
 	}
@@ -82,6 +86,32 @@ func selectMutations(all []mutation, pattern string) ([]mutation, error) {
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("-run %q matches no mutation (see -list)", pattern)
+	}
+	return out, nil
+}
+
+// narrowTests keeps, of each mutation in ms, the tests whose name matches
+// pattern, and drops the mutations left with none.
+func narrowTests(ms []mutation, pattern string) ([]mutation, error) {
+	re, err := regexp.Compile(pattern)
+	if err != nil {
+		return nil, fmt.Errorf("-tests: %v", err)
+	}
+	var out []mutation
+	for _, m := range ms {
+		var keep []string
+		for _, name := range m.Tests {
+			if re.MatchString(name) {
+				keep = append(keep, name)
+			}
+		}
+		if len(keep) > 0 {
+			m.Tests = keep
+			out = append(out, m)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("-tests %q matches no test of the selected mutations", pattern)
 	}
 	return out, nil
 }

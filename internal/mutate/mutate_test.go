@@ -103,3 +103,19 @@ FAIL
 		t.Errorf("firstFailure of a timeout = %q", got)
 	}
 }
+
+// TestNarrowTests keeps the matching tests of each mutation and drops the
+// mutations left with none.
+func TestNarrowTests(t *testing.T) {
+	ms := []mutation{{Name: "a", Tests: []string{"TestSimulation", "TestLease"}}, {Name: "b", Tests: []string{"TestSlots"}}}
+	got, err := narrowTests(ms, "^TestSimulation$")
+	if err != nil || len(got) != 1 || got[0].Name != "a" || len(got[0].Tests) != 1 || got[0].Tests[0] != "TestSimulation" {
+		t.Fatalf("narrowTests = %+v, %v", got, err)
+	}
+	if len(ms[0].Tests) != 2 {
+		t.Fatalf("narrowTests changed its input: %+v", ms[0])
+	}
+	if _, err := narrowTests(ms, "^TestNone$"); err == nil {
+		t.Fatal("a pattern that matches no test must be an error")
+	}
+}
