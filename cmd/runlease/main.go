@@ -68,6 +68,7 @@ var commands = []command{
 	{"release", "force-release a stuck lease, keeping its fence", (*cli).release},
 	{"repair", "replace a corrupt row: a lease by a tombstone at a fence you give, a slot by nothing", (*cli).repair},
 	{"prune", "remove released and expired rows older than a horizon", (*cli).prune},
+	{"serve", "serve the status page over HTTP: leases, slots and corrupt rows, refreshed live", (*cli).serve},
 	{"schema", "print the Postgres table's DDL for migration tools", (*cli).schema},
 }
 
@@ -132,7 +133,7 @@ Commands:
 	}
 	tw.Flush()
 	fmt.Fprint(w, `
-The store (status, peek, release, repair, prune):
+The store (status, peek, serve, release, repair, prune):
   --db PATH        the embedded SQLite store (default runlease.db)
   --postgres DSN   a shared Postgres store (default $RUNLEASE_POSTGRES): a
                    postgres:// URL or key=value pairs, as runlease.Open reads
