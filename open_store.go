@@ -160,6 +160,12 @@ func foldLines(s string) string {
 // from it, so that no password reaches the message. pgx's error stays
 // reachable with errors.As.
 func dsnError(dsn string, err error) error {
+	arg := invalidArg("target", "the Postgres DSN does not parse: %s; %s", dsnReason(dsn, err), targetForms)
+	return &dsnParseError{arg: arg, err: err}
+}
+
+// dsnReason is pgx's reason for refusing dsn, with nothing of the DSN in it.
+func dsnReason(dsn string, err error) string {
 	reason := "pgx cannot parse it"
 	var pe *pgconn.ParseConfigError
 	if errors.As(err, &pe) {
@@ -180,8 +186,7 @@ func dsnError(dsn string, err error) error {
 	for _, p := range dsnSecrets(dsn) {
 		reason = strings.ReplaceAll(reason, p, "xxxxx")
 	}
-	arg := invalidArg("target", "the Postgres DSN does not parse: %s; %s", reason, targetForms)
-	return &dsnParseError{arg: arg, err: err}
+	return reason
 }
 
 // quotedText matches a double-quoted part of a message.

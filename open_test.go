@@ -113,6 +113,13 @@ func TestADSNThatDoesNotParseIsToldWithoutItsPassword(t *testing.T) {
 			assert.Contains(t, err.Error(), "the Postgres DSN does not parse: ")
 			var pe *pgconn.ParseConfigError
 			assert.ErrorAs(t, err, &pe, "pgx's error stays reachable")
+
+			_, err = runlease.OpenPostgres(t.Context(), tc.dsn)
+			require.ErrorIs(t, err, runlease.ErrInvalidArgument, "OpenPostgres reads DSNs as Open does")
+			assert.NotContains(t, err.Error(), pw[3:10])
+			assert.Contains(t, err.Error(), "pgx cannot parse it: ")
+			assert.NotContains(t, err.Error(), "withheld", "it says which part is wrong")
+			assert.ErrorAs(t, err, &pe)
 		})
 	}
 }

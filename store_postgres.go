@@ -153,7 +153,7 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...PostgresOption) (*Pos
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", invalidArg("dsn", "pgx cannot parse it"), withheldError{err})
+		return nil, &dsnParseError{arg: invalidArg("dsn", "pgx cannot parse it: %s", dsnReason(dsn, err)), err: err}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

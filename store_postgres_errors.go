@@ -105,11 +105,3 @@ type redactedError struct {
 
 func (e *redactedError) Error() string { return strings.ReplaceAll(e.err.Error(), e.secret, "xxxxx") }
 func (e *redactedError) Unwrap() error { return e.err }
-
-// withheldError wraps an error whose text may quote a password, such as
-// pgx's error for a DSN it cannot parse: errors.As still reaches it, but its
-// text is not printed.
-type withheldError struct{ err error }
-
-func (e withheldError) Error() string { return "pgx's message withheld: it may quote the password" }
-func (e withheldError) Unwrap() error { return e.err }
