@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
@@ -191,4 +192,35 @@ func TestServePostgresNeverShowsThePassword(t *testing.T) {
 		assert.Contains(t, body, "live-run", p)
 		assert.Contains(t, body, table, p)
 	}
+}
+
+// The status page's JSON and status --json are one document: the same
+// store name, table, leases and scopes, field for field, but for the
+// milliseconds left, which depend on when each was read.
+func TestServeJSONIsStatusJSON(t *testing.T) {
+	t.Parallel()
+	path := newDB(t)
+	st := runCLI(t, "status", "--json", "--db", path, "--limit", "mem=4", "--limit", "gpu=2")
+	require.Equal(t, exitCorrupt, st.code, st.stderr)
+	srv := startServe(t, nil, "--db", path, "--limit", "mem=4", "--limit", "gpu=2")
+	code, body := httpGet(t, srv.url+"status.json", "")
+	require.Equal(t, http.StatusOK, code, body)
+
+	var page statusDoc
+	require.NoError(t, json.Unmarshal([]byte(body), &page))
+	cli := decodeStatus(t, st.stdout)
+	for _, d := range []*statusDoc{&page, &cli} {
+		d.Now = time.Time{}
+		for i := range d.Leases {
+			d.Leases[i].ExpiresInMS = nil
+		}
+		for i := range d.Scopes {
+			for j := range d.Scopes[i].Slots {
+				d.Scopes[i].Slots[j].ExpiresInMS = nil
+			}
+		}
+	}
+	assert.Equal(t, cli, page)
+	assert.Len(t, page.Leases, 4)
+	assert.Len(t, page.Scopes, 3)
 }
