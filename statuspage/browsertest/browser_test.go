@@ -5,6 +5,7 @@ package browsertest
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,8 +133,16 @@ func TestBrowserSeesLeasesExpireAndReleasesOne(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	c := &clock{now: time.Date(2026, 12, 3, 3, 0, 0, 0, time.UTC)}
 	seed(t, s, c.Now())
-	srv := httptest.NewServer(statuspage.New(s, statuspage.WithClock(c.Now), statuspage.AllowForceRelease(),
-		statuspage.WithName("sqlite:runs.db"), statuspage.WithLimits(map[string]int{"mem": 4})))
+	page := statuspage.New(s, statuspage.WithClock(c.Now), statuspage.AllowForceRelease(),
+		statuspage.WithName("sqlite:runs.db"), statuspage.WithLimits(map[string]int{"mem": 4}))
+	var down atomic.Bool // the store is unreachable: every request fails
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			http.Error(w, "reading the store: unreachable", http.StatusServiceUnavailable)
+			return
+		}
+		page.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
@@ -200,6 +210,17 @@ func TestBrowserSeesLeasesExpireAndReleasesOne(t *testing.T) {
 	if err != nil || !info.Released || info.Fence != 1 {
 		t.Fatalf("after the release: %+v, %v; want released at fence 1", info, err)
 	}
+
+	// The store stops answering: the page keeps what it showed and says
+	// that it is stale, rather than going blank or looking current.
+	do(t, ctx, "reopen the page", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(`#leases`))
+	contains(t, text(t, ctx, `tr[data-run="expired-run"]`), "released")
+	down.Store(true)
+	do(t, ctx, "wait for a failed refresh",
+		chromedp.Poll[chromedp.Void](`document.getElementById("refresh").textContent.startsWith("Refresh failed")`,
+			chromedp.WithPollingTimeout(15*time.Second)))
+	contains(t, text(t, ctx, `#refresh`), "503", "showing the store as of")
+	contains(t, text(t, ctx, `tr[data-run="live-run"]`), "alice#node-1")
 }
 
 // do runs steps in the browser, failing the test with what it was doing.
