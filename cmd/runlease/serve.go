@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/areev/runlease"
 	"github.com/areev/runlease/statuspage"
 )
 
@@ -66,14 +67,9 @@ func (c *cli) serve(args []string) error {
 	case len(pos) > 0:
 		return usagef("serve", "unexpected argument %q", pos[0])
 	}
-	host, _, err := net.SplitHostPort(o.listen)
+	loopback, err := o.checkListen()
 	if err != nil {
-		return usagef("serve", "--listen %q: want HOST:PORT, such as 127.0.0.1:8080", o.listen)
-	}
-	loopback := isLoopback(host)
-	if !loopback && !o.listenAny {
-		return usagef("serve", "--listen %q is not a loopback address: the page shows every lease to whoever "+
-			"reaches it; give --listen-any to serve it there anyway", o.listen)
+		return err
 	}
 	access := readOnly
 	if o.allowForce {
@@ -88,14 +84,7 @@ func (c *cli) serve(args []string) error {
 		return err
 	}
 	defer s.close()
-	opts := []statuspage.Option{statuspage.WithTarget(target), statuspage.WithName(s.name), statuspage.WithLimits(o.limits)}
-	if o.allowForce {
-		opts = append(opts, statuspage.AllowForceRelease())
-	}
-	var h http.Handler = withTimeout(statuspage.New(s.s, opts...), o.store.timeout)
-	if loopback {
-		h = loopbackOnly(h)
-	}
+	h := o.handler(s, target, loopback)
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -106,6 +95,34 @@ func (c *cli) serve(args []string) error {
 	}
 	fmt.Fprintf(c.stdout, "serving the status page of %s at http://%s/ (%s); interrupt to stop\n", s.name, ln.Addr(), mode)
 	return c.serveUntilDone(ln, h)
+}
+
+// checkListen checks --listen, and reports whether it is a loopback
+// address: any other needs --listen-any.
+func (o *serveOpts) checkListen() (loopback bool, err error) {
+	host, _, err := net.SplitHostPort(o.listen)
+	if err != nil {
+		return false, usagef("serve", "--listen %q: want HOST:PORT, such as 127.0.0.1:8080", o.listen)
+	}
+	loopback = isLoopback(host)
+	if !loopback && !o.listenAny {
+		return false, usagef("serve", "--listen %q is not a loopback address: the page shows every lease to whoever "+
+			"reaches it; give --listen-any to serve it there anyway", o.listen)
+	}
+	return loopback, nil
+}
+
+// handler returns the status page of s as the flags configure it.
+func (o *serveOpts) handler(s *openedStore, target runlease.Target, loopback bool) http.Handler {
+	opts := []statuspage.Option{statuspage.WithTarget(target), statuspage.WithName(s.name), statuspage.WithLimits(o.limits)}
+	if o.allowForce {
+		opts = append(opts, statuspage.AllowForceRelease())
+	}
+	h := withTimeout(statuspage.New(s.s, opts...), o.store.timeout)
+	if loopback {
+		h = loopbackOnly(h)
+	}
+	return h
 }
 
 // serveUntilDone serves h on ln until the command is interrupted, then

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strings"
@@ -223,4 +224,27 @@ func TestServeJSONIsStatusJSON(t *testing.T) {
 	assert.Equal(t, cli, page)
 	assert.Len(t, page.Leases, 4)
 	assert.Len(t, page.Scopes, 3)
+}
+
+func TestServeBoundsEachRequestByTimeout(t *testing.T) {
+	t.Parallel()
+	var left time.Duration
+	h := withTimeout(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		deadline, ok := r.Context().Deadline()
+		require.True(t, ok, "the store's reads get a deadline")
+		left = time.Until(deadline)
+	}), 3*time.Second)
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequestWithContext(t.Context(), http.MethodGet, "/", nil))
+	assert.InDelta(t, 3*time.Second, left, float64(time.Second))
+}
+
+func TestIsLoopback(t *testing.T) {
+	t.Parallel()
+	for host, want := range map[string]bool{
+		"127.0.0.1": true, "127.8.9.10": true, "::1": true, "[::1]": true, "localhost": true, "LOCALHOST.": true,
+		"app.localhost": true, "": false, "0.0.0.0": false, "::": false, "192.0.2.1": false, "example.com": false,
+		"localhost.example.com": false, "127.0.0.1.nip.io": false,
+	} {
+		assert.Equal(t, want, isLoopback(host), host)
+	}
 }
