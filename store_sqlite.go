@@ -44,7 +44,12 @@ var errLocked = errors.New("locked")
 // All writes go through one connection, so writers in this process queue in
 // Go rather than meet SQLITE_BUSY; reads use a small pool of their own and do
 // not wait for writes. Every write is durable when it returns
-// (synchronous=FULL). A SQLiteStore is safe for concurrent use.
+// (synchronous=FULL). Writes that arrive from concurrent goroutines while a
+// commit is in flight share the next transaction and its one sync to disk
+// (group commit): each is still checked and applied in its order of arrival,
+// under a savepoint of its own when it sends more than one statement, and
+// each returns only once the sync that covers it is done. A failed commit
+// fails every write it carried. A SQLiteStore is safe for concurrent use.
 type SQLiteStore struct {
 	path   string
 	lock   *os.File // the writer lock on path+".lock"; nil for :memory: and read-only
@@ -54,7 +59,12 @@ type SQLiteStore struct {
 	subs   subscribers
 	closed atomic.Bool // set once Close began; read without the gate's lock
 	gate   callGate
+	group  groupQueue   // writes waiting for the next group commit
 	hooks  *sqliteHooks // nil but in tests
+
+	// oneTxPerCall, set only by tests and benchmarks before the store is
+	// used, commits every write in a transaction of its own, as a baseline.
+	oneTxPerCall bool
 }
 
 type sqliteStmts struct {
@@ -235,7 +245,8 @@ func (s *SQLiteStore) MetaGet(ctx context.Context, key string) (string, bool, er
 	return v, true, nil
 }
 
-// MetaCAS implements [Store].
+// MetaCAS implements [Store]. Writes from concurrent goroutines share
+// transactions and syncs to disk (see [SQLiteStore]).
 func (s *SQLiteStore) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
 	if err := s.enter("MetaCAS"); err != nil {
 		return false, err
@@ -250,17 +261,36 @@ func (s *SQLiteStore) MetaCAS(ctx context.Context, key string, expected *string,
 	if err := notStarted(ctx, "MetaCAS", key); err != nil {
 		return false, err
 	}
-	var res sql.Result
-	var err error
-	if expected == nil {
-		res, err = s.stmts.insert.ExecContext(ctx, key, value)
-	} else {
-		res, err = s.stmts.update.ExecContext(ctx, value, key, *expected)
+	c := &groupCall{op: "MetaCAS", key: key}
+	c.alone = func(ctx context.Context, c *groupCall) error {
+		var res sql.Result
+		var err error
+		if expected == nil {
+			res, err = s.stmts.insert.ExecContext(ctx, key, value)
+		} else {
+			res, err = s.stmts.update.ExecContext(ctx, value, key, *expected)
+		}
+		c.res.ok, err = s.applied("MetaCAS", key, res, err)
+		return err
 	}
-	return s.applied("MetaCAS", key, res, err)
+	c.inTx = func(t *sqliteTx, c *groupCall) error {
+		var res sql.Result
+		var err error
+		if expected == nil {
+			res, err = t.stmt(&t.insert, s.stmts.insert).Exec(key, value)
+		} else {
+			res, err = t.stmt(&t.update, s.stmts.update).Exec(value, key, *expected)
+		}
+		c.res.ok, err = rowChanged(res, err)
+		c.res.wrote = c.res.ok
+		return err
+	}
+	res, err := s.write(ctx, c)
+	return res.ok, err
 }
 
-// MetaDelete implements [Store].
+// MetaDelete implements [Store]. Writes from concurrent goroutines share
+// transactions and syncs to disk (see [SQLiteStore]).
 func (s *SQLiteStore) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
 	if err := s.enter("MetaDelete"); err != nil {
 		return false, err
@@ -272,8 +302,29 @@ func (s *SQLiteStore) MetaDelete(ctx context.Context, key, expected string) (boo
 	if err := notStarted(ctx, "MetaDelete", key); err != nil {
 		return false, err
 	}
-	res, err := s.stmts.del.ExecContext(ctx, key, expected)
-	return s.applied("MetaDelete", key, res, err)
+	c := &groupCall{op: "MetaDelete", key: key}
+	c.alone = func(ctx context.Context, c *groupCall) error {
+		res, err := s.stmts.del.ExecContext(ctx, key, expected)
+		c.res.ok, err = s.applied("MetaDelete", key, res, err)
+		return err
+	}
+	c.inTx = func(t *sqliteTx, c *groupCall) error {
+		var err error
+		c.res.ok, err = rowChanged(t.stmt(&t.del, s.stmts.del).Exec(key, expected))
+		c.res.wrote = c.res.ok
+		return err
+	}
+	res, err := s.write(ctx, c)
+	return res.ok, err
+}
+
+// rowChanged reports whether the statement that returned res changed a row.
+func rowChanged(res sql.Result, err error) (bool, error) {
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
 }
 
 // MetaScan implements [Store].

@@ -8,8 +8,10 @@ import (
 
 // MetaBatch implements [Batcher] in one transaction, begun IMMEDIATE so that
 // it holds the write lock from its first read: the conditions it checks
-// cannot change before its writes commit.
-func (s *SQLiteStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (applied bool, err error) {
+// cannot change before its writes commit. Batches from concurrent
+// goroutines share transactions and syncs with other writes, each under a
+// savepoint of its own (see [SQLiteStore]).
+func (s *SQLiteStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (bool, error) {
 	if err := s.enter("MetaBatch"); err != nil {
 		return false, err
 	}
@@ -20,38 +22,62 @@ func (s *SQLiteStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (ap
 	if err := CheckBatch(conds, ops); err != nil {
 		return false, err
 	}
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return false, s.fault("MetaBatch", "", err)
-	}
-	defer func() {
-		if !applied {
-			_ = tx.Rollback()
+	c := &groupCall{op: "MetaBatch", multi: true}
+	c.alone = func(ctx context.Context, c *groupCall) (err error) {
+		tx, err := s.w.BeginTx(ctx, nil)
+		if err != nil {
+			return s.fault("MetaBatch", "", err)
 		}
-	}()
+		defer func() {
+			if !c.res.ok {
+				_ = tx.Rollback()
+			}
+		}()
+		ok, key, err := s.batchIn(ctx, tx, conds, ops)
+		if err != nil || !ok {
+			if err != nil {
+				err = s.txFault(ctx, "MetaBatch", key, err)
+			}
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			if errors.Is(err, sql.ErrTxDone) {
+				return s.txFault(ctx, "MetaBatch", "", err)
+			}
+			return s.commitFault("MetaBatch", "", err)
+		}
+		c.res.ok = true
+		return nil
+	}
+	c.inTx = func(t *sqliteTx, c *groupCall) error {
+		ok, _, err := s.batchIn(context.Background(), t.tx, conds, ops)
+		c.res.ok, c.res.wrote = ok && err == nil, ok && err == nil
+		return err
+	}
+	res, err := s.write(ctx, c)
+	return res.ok, err
+}
+
+// batchIn checks the conditions of a batch in tx and, if they all hold,
+// applies its ops; on a failure it returns the key at fault.
+func (s *SQLiteStore) batchIn(ctx context.Context, tx *sql.Tx, conds []Cond, ops []Op) (applied bool, key string, err error) {
 	for _, c := range conds {
 		var v string
 		err := tx.QueryRowContext(ctx, sqliteGet, c.Key).Scan(&v)
 		found := err == nil
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return false, s.txFault(ctx, "MetaBatch", c.Key, err)
+			return false, c.Key, err
 		}
 		if found != (c.Value != nil) || (found && v != *c.Value) {
-			return false, nil
+			return false, "", nil
 		}
 	}
 	for _, op := range ops {
 		if err := s.batchOp(ctx, tx, op); err != nil {
-			return false, s.txFault(ctx, "MetaBatch", op.Key, err)
+			return false, op.Key, err
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		if errors.Is(err, sql.ErrTxDone) {
-			return false, s.txFault(ctx, "MetaBatch", "", err)
-		}
-		return false, s.commitFault("MetaBatch", "", err)
-	}
-	return true, nil
+	return true, "", nil
 }
 
 func (s *SQLiteStore) batchOp(ctx context.Context, tx *sql.Tx, op Op) error {
@@ -80,8 +106,10 @@ func (s *SQLiteStore) Subscribe(key string) (<-chan struct{}, func()) {
 }
 
 // MetaCASMany implements [MultiCASer] in one transaction: one commit, and
-// one sync to disk, for all the writes.
-func (s *SQLiteStore) MetaCASMany(ctx context.Context, writes []CASWrite) (swapped []bool, err error) {
+// one sync to disk, for all the writes. Calls from concurrent goroutines
+// share transactions and syncs with other writes, each under a savepoint
+// of its own (see [SQLiteStore]).
+func (s *SQLiteStore) MetaCASMany(ctx context.Context, writes []CASWrite) ([]bool, error) {
 	if err := s.enter("MetaCASMany"); err != nil {
 		return nil, err
 	}
@@ -92,42 +120,62 @@ func (s *SQLiteStore) MetaCASMany(ctx context.Context, writes []CASWrite) (swapp
 	if err := CheckCASMany(writes); err != nil {
 		return nil, err
 	}
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, s.fault("MetaCASMany", "", err)
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
+	c := &groupCall{op: "MetaCASMany", multi: true}
+	c.alone = func(ctx context.Context, c *groupCall) error {
+		tx, err := s.w.BeginTx(ctx, nil)
+		if err != nil {
+			return s.fault("MetaCASMany", "", err)
 		}
-	}()
-	insert, update := tx.StmtContext(ctx, s.stmts.insert), tx.StmtContext(ctx, s.stmts.update)
-	swapped = make([]bool, len(writes))
+		committed := false
+		defer func() {
+			if !committed {
+				_ = tx.Rollback()
+			}
+		}()
+		t := &sqliteTx{tx: tx}
+		swapped, key, err := s.casManyIn(ctx, t, writes)
+		if err != nil {
+			return s.txFault(ctx, "MetaCASMany", key, err)
+		}
+		if err := tx.Commit(); err != nil {
+			if errors.Is(err, sql.ErrTxDone) {
+				return s.txFault(ctx, "MetaCASMany", "", err)
+			}
+			return s.commitFault("MetaCASMany", "", err)
+		}
+		committed = true
+		c.res.swapped = swapped
+		return nil
+	}
+	c.inTx = func(t *sqliteTx, c *groupCall) error {
+		swapped, _, err := s.casManyIn(context.Background(), t, writes)
+		c.res.swapped = swapped
+		for _, ok := range swapped {
+			c.res.wrote = c.res.wrote || ok
+		}
+		return err
+	}
+	res, err := s.write(ctx, c)
+	return res.swapped, err
+}
+
+// casManyIn makes the writes of a MetaCASMany in t and reports which
+// swapped; on a failure it returns the key at fault.
+func (s *SQLiteStore) casManyIn(ctx context.Context, t *sqliteTx, writes []CASWrite) ([]bool, string, error) {
+	swapped := make([]bool, len(writes))
 	for i, w := range writes {
 		var res sql.Result
+		var err error
 		if w.Expected == nil {
-			res, err = insert.ExecContext(ctx, w.Key, w.Value)
+			res, err = t.stmtCtx(ctx, &t.insert, s.stmts.insert).ExecContext(ctx, w.Key, w.Value)
 		} else if CheckValue(*w.Expected) == nil {
-			res, err = update.ExecContext(ctx, w.Value, w.Key, *w.Expected)
+			res, err = t.stmtCtx(ctx, &t.update, s.stmts.update).ExecContext(ctx, w.Value, w.Key, *w.Expected)
 		} else {
 			continue // no row can hold it
 		}
-		if err == nil {
-			var n int64
-			n, err = res.RowsAffected()
-			swapped[i] = n == 1
-		}
-		if err != nil {
-			return nil, s.txFault(ctx, "MetaCASMany", w.Key, err)
+		if swapped[i], err = rowChanged(res, err); err != nil {
+			return nil, w.Key, err
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		if errors.Is(err, sql.ErrTxDone) {
-			return nil, s.txFault(ctx, "MetaCASMany", "", err)
-		}
-		return nil, s.commitFault("MetaCASMany", "", err)
-	}
-	committed = true
-	return swapped, nil
+	return swapped, "", nil
 }

@@ -17,10 +17,12 @@ type callGate struct {
 }
 
 // sqliteHooks are called, when set by a test, as calls enter and leave the
-// gate and as Close begins to wait.
+// gate, as Close begins to wait, and as a leader has run a group of n
+// writes (committed or failed; n is 1 for a write committed alone).
 type sqliteHooks struct {
 	entered, exited func(op string)
 	closing         func()
+	committed       func(n int)
 }
 
 // enter admits a call of op, or refuses it with ErrStoreClosed once Close

@@ -1,0 +1,385 @@
+package runlease
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"modernc.org/sqlite"
+)
+
+// groupStore is an embedded store on a file of its own whose group commits
+// are counted, and writes held back by another connection until release.
+type groupStore struct {
+	*SQLiteStore
+	path    string
+	mu      sync.Mutex
+	commits []int     // the size of each group run, in order
+	after   func(int) // called as each group is run, if set
+	exits   atomic.Int32
+	release func()
+}
+
+func openGroupStore(t *testing.T, name string) *groupStore {
+	t.Helper()
+	g := &groupStore{path: filepath.Join(t.TempDir(), name)}
+	s, err := OpenSQLite(g.path)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	g.SQLiteStore = s
+	s.hooks = &sqliteHooks{
+		committed: func(n int) {
+			g.mu.Lock()
+			g.commits = append(g.commits, n)
+			after := g.after
+			g.mu.Unlock()
+			if after != nil {
+				after(n)
+			}
+		},
+		exited: func(string) { g.exits.Add(1) },
+	}
+	return g
+}
+
+// onCommit sets what is called as each group has run.
+func (g *groupStore) onCommit(fn func(int)) {
+	g.mu.Lock()
+	g.after = fn
+	g.mu.Unlock()
+}
+
+func (g *groupStore) groups() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.commits)
+}
+
+// waitQueue waits until the store's queue of writes satisfies cond.
+func waitQueue(t *testing.T, s *SQLiteStore, cond func(q *groupQueue) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		s.group.mu.Lock()
+		ok := cond(&s.group)
+		s.group.mu.Unlock()
+		if ok {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("the queue of writes never reached the state waited for")
+}
+
+// queued is a waitQueue condition: a leader is committing and n writes wait.
+func queued(n int) func(q *groupQueue) bool {
+	return func(q *groupQueue) bool { return q.leading && len(q.queue) == n }
+}
+
+// call is the outcome of a write started with start.
+type call struct {
+	ok  bool
+	err error
+}
+
+// start runs fn on a goroutine of its own and returns where its outcome
+// arrives.
+func start(fn func() (bool, error)) <-chan call {
+	ch := make(chan call, 1)
+	go func() {
+		ok, err := fn()
+		ch <- call{ok, err}
+	}()
+	return ch
+}
+
+// lead starts a write that becomes the leader and then waits, in SQLite,
+// for the write lock that release gives up; it returns once it waits.
+func (g *groupStore) lead(t *testing.T) <-chan call {
+	t.Helper()
+	g.release = blockWrites(t, g.path)
+	ch := start(func() (bool, error) { return g.MetaCAS(t.Context(), "leader", nil, "v") })
+	waitQueue(t, g.SQLiteStore, queued(0))
+	return ch
+}
+
+func TestSQLiteGroupCommit(t *testing.T) {
+	verifyNoLeaks(t)
+
+	t.Run("writes_that_arrive_during_a_commit_share_the_next_one", func(t *testing.T) {
+		t.Parallel()
+		g := openGroupStore(t, "share.db")
+		leader := g.lead(t)
+		const n = 12
+		var outs []<-chan call
+		for i := range n {
+			key := fmt.Sprintf("k%d", i)
+			outs = append(outs, start(func() (bool, error) { return g.MetaCAS(t.Context(), key, nil, "v") }))
+		}
+		waitQueue(t, g.SQLiteStore, queued(n))
+		g.release()
+		require.NoError(t, (<-leader).err)
+		for i, o := range outs {
+			r := <-o
+			require.NoError(t, r.err, "write %d", i)
+			assert.True(t, r.ok, "write %d", i)
+		}
+		assert.Equal(t, []int{1, n}, g.groups(), "the leader committed alone, the %d queued behind it together", n)
+		rows, err := g.MetaScan(t.Context(), "k")
+		require.NoError(t, err)
+		assert.Len(t, rows, n, "every write of the group is there")
+	})
+
+	t.Run("dependent_writes_in_one_group_are_checked_and_applied_in_order", func(t *testing.T) {
+		t.Parallel()
+		g := openGroupStore(t, "order.db")
+		leader := g.lead(t)
+		steps := []func() (bool, error){
+			func() (bool, error) { return g.MetaCAS(t.Context(), "k", nil, "v1") },
+			func() (bool, error) { return g.MetaCAS(t.Context(), "k", ptr("v1"), "v2") },
+			func() (bool, error) { return g.MetaCAS(t.Context(), "k", ptr("v1"), "v3") }, // v2 is there now
+			func() (bool, error) {
+				return g.MetaBatch(t.Context(), []Cond{IfEquals("k", "v2")}, []Op{Put("k", "v4"), Put("other", "x")})
+			},
+			func() (bool, error) { return g.MetaDelete(t.Context(), "k", "v4") },
+			func() (bool, error) {
+				sw, err := g.MetaCASMany(t.Context(), []CASWrite{{Key: "k", Value: "v5"}, {Key: "other", Expected: ptr("y"), Value: "z"}})
+				return slices.Equal(sw, []bool{true, false}), err
+			},
+			func() (bool, error) { return g.MetaBatch(t.Context(), []Cond{IfAbsent("k")}, []Op{Put("k", "v6")}) },
+		}
+		want := []bool{true, true, false, true, true, true, false}
+		var outs []<-chan call
+		for i, step := range steps {
+			outs = append(outs, start(step))
+			waitQueue(t, g.SQLiteStore, queued(i+1)) // so that they queue in this order
+		}
+		g.release()
+		require.NoError(t, (<-leader).err)
+		for i, o := range outs {
+			r := <-o
+			require.NoError(t, r.err, "step %d", i)
+			assert.Equal(t, want[i], r.ok, "step %d", i)
+		}
+		assert.Equal(t, []int{1, len(steps)}, g.groups())
+		v, _, err := g.MetaGet(t.Context(), "k")
+		require.NoError(t, err)
+		assert.Equal(t, "v5", v)
+		v, _, err = g.MetaGet(t.Context(), "other")
+		require.NoError(t, err)
+		assert.Equal(t, "x", v)
+	})
+
+	t.Run("a_call_cancelled_while_queued_changes_nothing_and_fails_not_applied", func(t *testing.T) {
+		t.Parallel()
+		g := openGroupStore(t, "cancel.db")
+		leader := g.lead(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		cancelled := start(func() (bool, error) { return g.MetaCAS(ctx, "cancelled", nil, "v") })
+		waitQueue(t, g.SQLiteStore, queued(1))
+		other := start(func() (bool, error) { return g.MetaCAS(t.Context(), "other", nil, "v") })
+		waitQueue(t, g.SQLiteStore, queued(2))
+		cancel()
+		r := <-cancelled
+		require.ErrorIs(t, r.err, context.Canceled)
+		var se *StorageError
+		require.ErrorAs(t, r.err, &se)
+		assert.False(t, IsOutcomeUnknown(r.err), "a call that never left the queue was not applied")
+		waitQueue(t, g.SQLiteStore, queued(1))
+		g.release()
+		require.NoError(t, (<-leader).err)
+		require.NoError(t, (<-other).err)
+		_, found, err := g.MetaGet(t.Context(), "cancelled")
+		require.NoError(t, err)
+		assert.False(t, found)
+		assert.Equal(t, []int{1, 1}, g.groups())
+	})
+
+	t.Run("a_call_cancelled_as_it_is_handed_the_lead_still_commits_the_group", func(t *testing.T) {
+		t.Parallel()
+		g := openGroupStore(t, "handoff.db")
+		leader := g.lead(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		head := start(func() (bool, error) { return g.MetaCAS(ctx, "head", nil, "v") })
+		waitQueue(t, g.SQLiteStore, queued(1))
+		behind := start(func() (bool, error) { return g.MetaCAS(t.Context(), "behind", nil, "v") })
+		waitQueue(t, g.SQLiteStore, queued(2))
+		g.onCommit(func(int) { cancel() }) // before the lead is handed on
+		g.release()
+		require.NoError(t, (<-leader).err)
+		r := <-head
+		require.ErrorIs(t, r.err, context.Canceled)
+		assert.False(t, IsOutcomeUnknown(r.err), "its write was skipped before it ran")
+		require.NoError(t, (<-behind).err)
+		_, found, err := g.MetaGet(t.Context(), "head")
+		require.NoError(t, err)
+		assert.False(t, found)
+		_, found, err = g.MetaGet(t.Context(), "behind")
+		require.NoError(t, err)
+		assert.True(t, found)
+	})
+
+	t.Run("a_call_cancelled_inside_a_running_transaction_reports_its_outcome_unknown", func(t *testing.T) {
+		t.Parallel()
+		g := openGroupStore(t, "taken.db")
+		leader := g.lead(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		first := start(func() (bool, error) { return g.MetaCAS(t.Context(), "first", nil, "v") })
+		waitQueue(t, g.SQLiteStore, queued(1))
+		taken := start(func() (bool, error) { return g.MetaCAS(ctx, "taken", nil, "v") })
+		waitQueue(t, g.SQLiteStore, queued(2))
+		// Hold the write lock again as soon as the leader has committed, so
+		// that the next group waits for it with both calls taken.
+		again := make(chan func(), 1)
+		var once sync.Once
+		g.onCommit(func(int) { once.Do(func() { again <- holdWriteLock(t, g.path) }) })
+		g.release()
+		require.NoError(t, (<-leader).err)
+		release := <-again
+		waitQueue(t, g.SQLiteStore, func(q *groupQueue) bool { return len(q.queue) == 0 })
+		cancel()
+		r := <-taken
+		require.ErrorIs(t, r.err, context.Canceled)
+		assert.True(t, IsOutcomeUnknown(r.err), "a call inside a running transaction may yet be committed")
+		release()
+		require.NoError(t, (<-first).err)
+	})
+
+	t.Run("a_failed_commit_fails_every_call_in_it_as_not_applied", func(t *testing.T) {
+		t.Parallel()
+		g := openGroupStore(t, failCommitMarker+"fail.db")
+		_, err := g.MetaCAS(t.Context(), "seed", nil, "s")
+		require.NoError(t, err)
+		leader := g.lead(t)
+		outs := []<-chan call{
+			start(func() (bool, error) { return g.MetaCAS(t.Context(), "a", nil, "v") }),
+			start(func() (bool, error) { return g.MetaCAS(t.Context(), "seed", ptr("not s"), "v") }), // changes nothing
+			start(func() (bool, error) {
+				return g.MetaBatch(t.Context(), []Cond{IfEquals("seed", "s")}, []Op{Put("seed", "t"), Put("b", "v")})
+			}),
+			start(func() (bool, error) { return g.MetaDelete(t.Context(), "seed", "s") }),
+		}
+		waitQueue(t, g.SQLiteStore, queued(len(outs)))
+		failNextCommit.Store(g.path, new(atomic.Int32)) // the leader's commit passes, the group's fails
+		t.Cleanup(func() { failNextCommit.Delete(g.path) })
+		g.release()
+		require.NoError(t, (<-leader).err)
+		for i, o := range outs {
+			r := <-o
+			var se *StorageError
+			require.ErrorAs(t, r.err, &se, "call %d", i)
+			assert.False(t, se.Unknown, "call %d: a commit the commit hook turned into a rollback applied nothing: %v", i, r.err)
+			assert.False(t, r.ok, "call %d", i)
+		}
+		rows, err := g.MetaScan(t.Context(), "")
+		require.NoError(t, err)
+		assert.Equal(t, []Row{{Key: "leader", Value: "v"}, {Key: "seed", Value: "s"}}, rows, "nothing of the group applied")
+		ok, err := g.MetaCAS(t.Context(), "after", nil, "v")
+		require.NoError(t, err, "the store writes again after a failed group")
+		assert.True(t, ok)
+	})
+
+	t.Run("close_waits_for_every_queued_call_and_each_commits", func(t *testing.T) {
+		t.Parallel()
+		g := openGroupStore(t, "close.db")
+		leader := g.lead(t)
+		const n = 6
+		var outs []<-chan call
+		for i := range n {
+			key := fmt.Sprintf("k%d", i)
+			outs = append(outs, start(func() (bool, error) { return g.MetaCAS(t.Context(), key, nil, "v") }))
+		}
+		waitQueue(t, g.SQLiteStore, queued(n))
+		var refused error
+		g.hooks.closing = func() {
+			_, refused = g.MetaCAS(t.Context(), "late", nil, "v")
+			g.release()
+		}
+		require.NoError(t, g.Close())
+		assert.Equal(t, int32(n+1), g.exits.Load(), "Close returned only after every queued call")
+		assert.Equal(t, ErrStoreClosed, refused)
+		for i, o := range append(outs, leader) {
+			r := <-o
+			require.NoError(t, r.err, "call %d", i)
+			assert.True(t, r.ok, "call %d", i)
+		}
+		s, err := OpenSQLite(g.path)
+		require.NoError(t, err)
+		defer s.Close()
+		rows, err := s.MetaScan(t.Context(), "k")
+		require.NoError(t, err)
+		assert.Len(t, rows, n, "every queued write was committed before Close returned")
+	})
+}
+
+// holdWriteLock takes SQLite's write lock on path from a connection of its
+// own, from any goroutine, and returns what gives it up.
+func holdWriteLock(t *testing.T, path string) (release func()) {
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
+	if !assert.NoError(t, err) {
+		return func() {}
+	}
+	conn, err := db.Conn(context.Background())
+	if assert.NoError(t, err) {
+		_, err = conn.ExecContext(context.Background(), "BEGIN IMMEDIATE")
+		assert.NoError(t, err)
+	}
+	return func() {
+		if conn != nil {
+			_, _ = conn.ExecContext(context.Background(), "ROLLBACK")
+			conn.Close()
+		}
+		db.Close()
+	}
+}
+
+func ptr(s string) *string { return &s }
+
+// failCommitMarker names the files whose writer connections take the
+// commit hook of failNextCommit.
+const failCommitMarker = "failcommit-"
+
+// failNextCommit maps the path of a store to the count of commits seen
+// since it was armed: the second one (the first group's after the
+// leader's own) is turned into a rollback.
+var failNextCommit sync.Map // string → *atomic.Int32
+
+func init() {
+	sqlite.RegisterConnectionHook(func(conn sqlite.ExecQuerierContext, dsn string) error {
+		if !strings.Contains(dsn, failCommitMarker) {
+			return nil
+		}
+		hooks, ok := conn.(sqlite.HookRegisterer)
+		if !ok {
+			return errors.New("the SQLite connection takes no commit hook")
+		}
+		hooks.RegisterCommitHook(func() int32 {
+			var fail int32
+			failNextCommit.Range(func(path, n any) bool {
+				if strings.Contains(dsn, filepath.Base(path.(string))) && n.(*atomic.Int32).Add(1) == 2 {
+					fail = 1
+				}
+				return true
+			})
+			return fail
+		})
+		return nil
+	})
+}
+
+// verifyNoLeaks fails t if goroutines started during t outlive it.
+func verifyNoLeaks(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+}
