@@ -5,7 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+
+	"modernc.org/sqlite"
 )
 
 // maxGroup is the most writes one group commit carries. A longer queue is
@@ -290,28 +293,48 @@ func (s *SQLiteStore) runInGroup(stx *sqliteTx, g *groupCall) (abort bool, err e
 }
 
 // abortGroup rolls the group's transaction back after the call at failed
-// failed with err in a way no savepoint could contain. The failed call
-// is labelled as fault labels a failed autocommit statement; the calls
-// that ran before it are not applied, as the transaction never commits,
-// unless the rollback itself fails; the calls after it never ran.
+// failed with err in a way no savepoint could contain. Once the rollback is
+// certain (SQLite had already rolled back, or the rollback succeeded), no
+// call of the group is applied, the failed one included. Otherwise the
+// failed call is labelled as fault labels a failed autocommit statement,
+// and the calls before it that changed rows are of unknown outcome.
 func (s *SQLiteStore) abortGroup(tx *sql.Tx, group []*groupCall, errs []error, ran []bool, failed int, err error) {
-	rerr := tx.Rollback()
-	if errors.Is(rerr, sql.ErrTxDone) {
-		rerr = nil // SQLite had rolled it back already
-	}
+	rolledBack := s.rollback(tx)
 	cause := fmt.Errorf("a write committed in the same transaction failed: %w", err)
 	for i, g := range group {
 		switch {
-		case i == failed:
-			errs[i] = s.fault(g.op, g.key, err)
 		case errs[i] != nil:
 			// Skipped or failed on its own, before the abort.
-		case ran[i]:
-			errs[i] = &StorageError{Op: g.op, Key: g.key, Err: cause, Unknown: rerr != nil && g.res.wrote}
+		case i == failed && rolledBack:
+			errs[i] = &StorageError{Op: g.op, Key: g.key, Err: err}
+		case i == failed:
+			errs[i] = s.fault(g.op, g.key, err)
 		default:
-			errs[i] = &StorageError{Op: g.op, Key: g.key, Err: cause}
+			errs[i] = &StorageError{Op: g.op, Key: g.key, Err: cause, Unknown: !rolledBack && ran[i] && g.res.wrote}
 		}
 	}
+}
+
+// rollback ends the group's transaction and reports whether it certainly
+// ended without committing. SQLite rolls a transaction back by itself
+// after some failures (a full disk, an I/O error); Rollback then fails
+// with "no transaction is active", which is as good.
+func (s *SQLiteStore) rollback(tx *sql.Tx) bool {
+	err := tx.Rollback()
+	if err == nil || errors.Is(err, sql.ErrTxDone) || noTransaction(err) {
+		return true
+	}
+	// database/sql has given the connection back: end whatever SQLite may
+	// have kept open on it, so that it can never commit later.
+	_, err = s.w.ExecContext(context.Background(), "ROLLBACK")
+	return err == nil || noTransaction(err)
+}
+
+// noTransaction reports whether err is SQLite refusing to end a
+// transaction because none is open.
+func noTransaction(err error) bool {
+	var e *sqlite.Error
+	return errors.As(err, &e) && strings.Contains(e.Error(), "no transaction is active")
 }
 
 // failedCommit records the failure of the group's commit in every call

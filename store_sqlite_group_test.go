@@ -290,6 +290,80 @@ func TestSQLiteGroupCommit(t *testing.T) {
 		assert.True(t, ok)
 	})
 
+	t.Run("a_write_that_fails_inside_a_group_leaves_nothing_and_the_others_commit", func(t *testing.T) {
+		t.Parallel()
+		g := openGroupStore(t, "refuse.db")
+		// A statement-level failure, as SQLite reports a constraint: the
+		// statement fails, the transaction goes on.
+		_, err := g.w.ExecContext(t.Context(), `CREATE TRIGGER refuse BEFORE INSERT ON runlease_meta
+			WHEN NEW.key = 'refused' BEGIN SELECT RAISE(ABORT, 'refused'); END`)
+		require.NoError(t, err)
+		leader := g.lead(t)
+		outs := []<-chan call{
+			start(func() (bool, error) { return g.MetaCAS(t.Context(), "a", nil, "v") }),
+			start(func() (bool, error) { return g.MetaBatch(t.Context(), nil, []Op{Put("b", "v"), Put("refused", "v")}) }),
+			start(func() (bool, error) {
+				sw, err := g.MetaCASMany(t.Context(), []CASWrite{{Key: "c", Value: "v"}, {Key: "refused", Value: "v"}})
+				return sw != nil, err
+			}),
+			start(func() (bool, error) { return g.MetaCAS(t.Context(), "d", nil, "v") }),
+		}
+		waitQueue(t, g.SQLiteStore, queued(len(outs))) // all queued before any runs
+		g.release()
+		require.NoError(t, (<-leader).err)
+		for i, o := range outs {
+			r := <-o
+			if i == 1 || i == 2 {
+				var se *StorageError
+				require.ErrorAs(t, r.err, &se, "call %d", i)
+				assert.False(t, se.Unknown, "call %d: its savepoint was rolled back, so nothing applied: %v", i, r.err)
+				continue
+			}
+			require.NoError(t, r.err, "call %d", i)
+			assert.True(t, r.ok, "call %d", i)
+		}
+		rows, err := g.MetaScan(t.Context(), "")
+		require.NoError(t, err)
+		assert.Equal(t, []Row{{Key: "a", Value: "v"}, {Key: "d", Value: "v"}, {Key: "leader", Value: "v"}}, rows,
+			"nothing of the failed writes, all of the others")
+		assert.Equal(t, []int{1, len(outs)}, g.groups())
+	})
+
+	t.Run("a_failure_that_ends_the_transaction_fails_the_whole_group_as_not_applied", func(t *testing.T) {
+		t.Parallel()
+		g := openGroupStore(t, "full.db")
+		// A file that cannot grow: SQLite answers a write that needs new
+		// pages with SQLITE_FULL and rolls the transaction back.
+		_, err := g.w.ExecContext(t.Context(), "PRAGMA max_page_count = 3")
+		require.NoError(t, err)
+		leader := g.lead(t)
+		big := strings.Repeat("x", 64<<10)
+		outs := []<-chan call{start(func() (bool, error) { return g.MetaCAS(t.Context(), "a", nil, "v") })}
+		waitQueue(t, g.SQLiteStore, queued(1))
+		outs = append(outs, start(func() (bool, error) { return g.MetaBatch(t.Context(), nil, []Op{Put("b", "v"), Put("big", big)}) }))
+		waitQueue(t, g.SQLiteStore, queued(2))
+		outs = append(outs, start(func() (bool, error) { return g.MetaCAS(t.Context(), "c", nil, "v") }))
+		waitQueue(t, g.SQLiteStore, queued(3))
+		g.release()
+		require.NoError(t, (<-leader).err)
+		rows, err := g.MetaScan(t.Context(), "")
+		require.NoError(t, err)
+		for i, o := range outs {
+			r := <-o
+			if i == 1 {
+				require.Error(t, r.err, "the batch cannot fit in the file")
+			}
+			if r.err == nil {
+				assert.Contains(t, rows, Row{Key: []string{"a", "b", "c"}[i], Value: "v"}, "call %d succeeded", i)
+				continue
+			}
+			var se *StorageError
+			require.ErrorAs(t, r.err, &se, "call %d", i)
+			assert.False(t, se.Unknown, "call %d: the transaction was rolled back, so nothing applied: %v", i, r.err)
+		}
+		assert.NotContains(t, rows, Row{Key: "b", Value: "v"}, "nothing of the failed batch")
+	})
+
 	t.Run("close_waits_for_every_queued_call_and_each_commits", func(t *testing.T) {
 		t.Parallel()
 		g := openGroupStore(t, "close.db")
