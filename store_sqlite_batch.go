@@ -22,7 +22,7 @@ func (s *SQLiteStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (bo
 	if err := CheckBatch(conds, ops); err != nil {
 		return false, err
 	}
-	c := &groupCall{op: "MetaBatch", multi: true}
+	c := &groupCall{op: "MetaBatch"}
 	c.alone = func(ctx context.Context, c *groupCall) (err error) {
 		tx, err := s.w.BeginTx(ctx, nil)
 		if err != nil {
@@ -120,7 +120,7 @@ func (s *SQLiteStore) MetaCASMany(ctx context.Context, writes []CASWrite) ([]boo
 	if err := CheckCASMany(writes); err != nil {
 		return nil, err
 	}
-	c := &groupCall{op: "MetaCASMany", multi: true}
+	c := &groupCall{op: "MetaCASMany"}
 	c.alone = func(ctx context.Context, c *groupCall) error {
 		tx, err := s.w.BeginTx(ctx, nil)
 		if err != nil {

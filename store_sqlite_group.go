@@ -30,6 +30,7 @@ const (
 const (
 	callQueued = iota
 	callTaken
+	callRunning // its statements have been sent: it waits for the commit
 	callDone
 )
 
@@ -44,7 +45,6 @@ const (
 type groupCall struct {
 	ctx     context.Context
 	op, key string
-	multi   bool // sends more than one statement: runs under a savepoint
 	alone   func(ctx context.Context, c *groupCall) error
 	inTx    func(tx *sqliteTx, c *groupCall) error
 
@@ -54,6 +54,7 @@ type groupCall struct {
 	// Guarded by groupQueue.mu.
 	state    int
 	promoted bool  // the call at the head of the queue is to lead next
+	skip     bool  // taken, but its context ended before it ran: never runs
 	err      error // the call's error, set before state becomes callDone
 }
 
@@ -144,9 +145,17 @@ func (s *SQLiteStore) follow(ctx context.Context, c *groupCall) (lead bool, err 
 		// lead): leave the queue, and pass the lead on if it was ours.
 		q.removeLocked(c)
 		return false, &StorageError{Op: c.op, Key: c.key, Err: ctx.Err()}
+	case c.state == callTaken:
+		// Taken, not run yet: the leader will skip it, so it is not applied.
+		c.skip = true
+		return false, &StorageError{Op: c.op, Key: c.key, Err: ctx.Err()}
 	}
-	// Taken into a transaction that is running.
-	return false, &StorageError{Op: c.op, Key: c.key, Err: ctx.Err(), Unknown: true}
+	// Its statements have run: wait for the commit (which waits for no lock)
+	// so that its outcome is settled when it returns.
+	q.mu.Unlock()
+	<-c.wake
+	q.mu.Lock()
+	return false, c.err
 }
 
 // removeLocked takes c, whose context ended, out of the queue; if c was to
@@ -193,7 +202,9 @@ func (s *SQLiteStore) lead(c *groupCall) error {
 
 	errs := make([]error, n)
 	if n == 1 {
-		errs[0] = c.alone(c.ctx, c)
+		if errs[0] = notStarted(c.ctx, c.op, c.key); errs[0] == nil {
+			errs[0] = c.alone(c.ctx, c)
+		}
 	} else {
 		s.commitGroup(group, errs)
 	}
@@ -220,17 +231,31 @@ func (s *SQLiteStore) lead(c *groupCall) error {
 // skipped, not applied.
 func (s *SQLiteStore) commitGroup(group []*groupCall, errs []error) {
 	ctx := context.Background()
-	tx, err := s.w.BeginTx(ctx, nil)
+	tx, end, err := s.beginGroup(group)
+	defer end()
 	if err != nil {
 		for i, g := range group {
-			errs[i] = s.fault(g.op, g.key, err)
+			if cerr := g.ctx.Err(); cerr != nil {
+				errs[i] = &StorageError{Op: g.op, Key: g.key, Err: cerr}
+			} else {
+				errs[i] = s.fault(g.op, g.key, err)
+			}
 		}
 		return
 	}
 	stx := &sqliteTx{tx: tx}
 	ran := make([]bool, len(group))
+	q := &s.group
 	for i, g := range group {
-		if cerr := g.ctx.Err(); cerr != nil {
+		q.mu.Lock()
+		cerr := g.ctx.Err()
+		if g.skip || cerr != nil {
+			g.skip = true
+		} else {
+			g.state = callRunning
+		}
+		q.mu.Unlock()
+		if cerr != nil {
 			errs[i] = &StorageError{Op: g.op, Key: g.key, Err: cerr}
 			continue
 		}
@@ -252,21 +277,45 @@ func (s *SQLiteStore) commitGroup(group []*groupCall, errs []error) {
 	}
 }
 
-// runInGroup runs g's statements inside the group's transaction. A call of
-// one statement needs no savepoint: SQLite takes back a failed statement
-// by itself. A call of several runs under a savepoint, rolled back if any
-// of them fails; its error is then returned with abort false. A failure
+// beginGroup begins the group's transaction. The wait for SQLite's write
+// lock (busy_timeout) ends once every call of the group has its context
+// ended: nothing has been sent then, so every call fails not applied. The
+// context is never cancelled once the transaction has begun; if it ends in
+// the instant between, database/sql rolls the transaction back and the
+// calls, all with their contexts ended, are skipped.
+// The caller calls end once the transaction has ended.
+func (s *SQLiteStore) beginGroup(group []*groupCall) (tx *sql.Tx, end func(), err error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	live, begun := len(group), false
+	for _, g := range group {
+		stop := context.AfterFunc(g.ctx, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if live--; live == 0 && !begun {
+				cancel()
+			}
+		})
+		defer stop()
+	}
+	tx, err = s.w.BeginTx(ctx, nil)
+	mu.Lock()
+	begun = true
+	mu.Unlock()
+	return tx, cancel, err
+}
+
+// runInGroup runs g's statements inside the group's transaction, under a
+// savepoint rolled back if any of them fails; its error is then returned
+// with abort false. Even a call of one statement needs it: a constraint
+// that a trigger raises with RAISE(ABORT) and one raised with
+// RAISE(ROLLBACK) share an error code, and only the savepoint tells
+// whether the rest of the group survived. A failure
 // that the savepoint cannot take back, or that SQLite may have answered by
 // rolling back the whole transaction, is returned raw, with abort true: the
 // group must be rolled back whole.
 func (s *SQLiteStore) runInGroup(stx *sqliteTx, g *groupCall) (abort bool, err error) {
 	ctx := context.Background()
-	if !g.multi {
-		if err := g.inTx(stx, g); err != nil {
-			return true, err
-		}
-		return false, nil
-	}
 	if _, err := stx.tx.ExecContext(ctx, sqliteSavepoint); err != nil {
 		return true, err
 	}

@@ -230,7 +230,7 @@ func TestSQLiteGroupCommit(t *testing.T) {
 		assert.True(t, found)
 	})
 
-	t.Run("a_call_cancelled_inside_a_running_transaction_reports_its_outcome_unknown", func(t *testing.T) {
+	t.Run("a_call_cancelled_in_a_group_before_it_ran_is_skipped_and_not_applied", func(t *testing.T) {
 		t.Parallel()
 		g := openGroupStore(t, "taken.db")
 		leader := g.lead(t)
@@ -251,9 +251,12 @@ func TestSQLiteGroupCommit(t *testing.T) {
 		cancel()
 		r := <-taken
 		require.ErrorIs(t, r.err, context.Canceled)
-		assert.True(t, IsOutcomeUnknown(r.err), "a call inside a running transaction may yet be committed")
+		assert.False(t, IsOutcomeUnknown(r.err), "the group had not sent it: the leader skips it")
 		release()
 		require.NoError(t, (<-first).err)
+		_, found, err := g.MetaGet(t.Context(), "taken")
+		require.NoError(t, err)
+		assert.False(t, found)
 	})
 
 	t.Run("a_failed_commit_fails_every_call_in_it_as_not_applied", func(t *testing.T) {
