@@ -49,17 +49,29 @@ func BenchmarkPage100k(b *testing.B) {
 		}
 	}
 	flush()
-	h := statuspage.New(s, statuspage.WithClock(func() time.Time { return now }), statuspage.WithLimits(map[string]int{"mem": 64}))
+	at := statuspage.WithClock(func() time.Time { return now })
+	limits := statuspage.WithLimits(map[string]int{"mem": 64})
+	// Every request reads the store (WithMaxAge(0)): the cost of the first
+	// viewer, or of every viewer without the shared read.
+	uncached := statuspage.New(s, at, limits, statuspage.WithMaxAge(0))
 	for _, path := range []string{"/", "/status.json", "/status.json?state=corrupt", "/?run=run-0421"} {
-		b.Run(path, func(b *testing.B) {
-			for b.Loop() {
-				rec := httptest.NewRecorder()
-				h.ServeHTTP(rec, httptest.NewRequestWithContext(b.Context(), http.MethodGet, path, nil))
-				if rec.Code != http.StatusOK {
-					b.Fatalf("%s: %d %s", path, rec.Code, rec.Body)
-				}
-				_, _ = io.Copy(io.Discard, rec.Body)
-			}
-		})
+		b.Run("read"+path, func(b *testing.B) { serveBench(b, uncached, path) })
+	}
+	// Further viewers within DefaultMaxAge share one read.
+	shared := statuspage.New(s, at, limits)
+	for _, path := range []string{"/", "/status.json"} {
+		b.Run("shared"+path, func(b *testing.B) { serveBench(b, shared, path) })
+	}
+}
+
+func serveBench(b *testing.B, h http.Handler, path string) {
+	b.Helper()
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequestWithContext(b.Context(), http.MethodGet, path, nil))
+		if rec.Code != http.StatusOK {
+			b.Fatalf("%s: %d %s", path, rec.Code, rec.Body)
+		}
+		_, _ = io.Copy(io.Discard, rec.Body)
 	}
 }

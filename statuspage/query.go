@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/areev/runlease"
 )
@@ -91,27 +90,21 @@ func (q query) values() url.Values {
 	return v
 }
 
-// read builds the page q asks for, judging every row at one instant.
+// read builds the page q asks for, every row judged at one instant.
 func (h *handler) read(ctx context.Context, q query) (*Page, error) {
-	now := h.now()
-	at := runlease.WithClock(func() time.Time { return now })
-	// A run id prefix narrows the scan itself: the store reads only the
-	// rows from lease:PREFIX on, not all of them.
-	leases, err := runlease.Leases(ctx, prefixStore{h.store, q.prefix}, at)
+	snap, err := h.snapshot(ctx, q.prefix)
 	if err != nil {
 		return nil, err
 	}
-	slots, err := runlease.Occupancy(ctx, h.store, at)
-	if err != nil {
-		return nil, err
-	}
+	now, slots := snap.now, snap.slots
 	p := &Page{Offset: q.offset, Counts: map[string]int{
 		StateLive: 0, StateExpired: 0, StateReleased: 0, StateCorrupt: 0,
 	}, ForceRelease: h.o.allowForce}
-	// Keep only the page, in place: on 100,000 leases, describing every
-	// matching lease for JSON would cost more than the scan.
-	kept := leases[:0]
-	for _, l := range leases {
+	// Keep only the page: on 100,000 leases, describing every matching
+	// lease for JSON would cost more than the scan. The snapshot is
+	// shared, and never changed.
+	kept := make([]runlease.LeaseInfo, 0, min(q.limit, len(snap.leases)))
+	for _, l := range snap.leases {
 		st := State(l)
 		p.Counts[st]++
 		if len(q.states) > 0 && !q.states[st] {
@@ -130,16 +123,4 @@ func (h *handler) read(ctx context.Context, q query) (*Page, error) {
 	p.Document = NewDocument(h.o.name, h.o.table, now, kept, slots, h.o.limits)
 	p.Omitted = max(0, p.Matched-q.offset-len(kept))
 	return p, nil
-}
-
-// prefixStore is a Store whose scans see only the lease rows of run ids
-// starting with run: Leases scans LeasePrefix, and reads run ids from the
-// keys it gets back, which keep their full names.
-type prefixStore struct {
-	runlease.Store
-	run string
-}
-
-func (s prefixStore) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, error) {
-	return s.Store.MetaScan(ctx, prefix+s.run)
 }

@@ -111,6 +111,9 @@ func (h *handler) release(w http.ResponseWriter, r *http.Request) {
 	if err == nil && info.Found && info.Row == row {
 		var wrote bool
 		wrote, err = runlease.ForceReleaseOutcome(r.Context(), h.store, info, at)
+		if wrote {
+			h.snaps.forget() // the operator's next look shows the release
+		}
 		switch {
 		case err == nil && wrote:
 			v.Title = "Released run " + runID

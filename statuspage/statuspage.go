@@ -25,6 +25,7 @@ type options struct {
 	limits      map[string]int
 	now         func() time.Time // nil: the store's clock, else time.Now
 	allowForce  bool
+	maxAge      time.Duration
 }
 
 // WithTarget names the store on the page as target.String() does, never
@@ -81,6 +82,7 @@ type handler struct {
 	o      options
 	secret []byte // signs release tokens; random per handler
 	mux    *http.ServeMux
+	snaps  snapshots
 }
 
 //go:embed assets
@@ -106,10 +108,11 @@ func New(store runlease.Store, opts ...Option) http.Handler {
 	if store == nil {
 		panic("statuspage: " + runlease.CodeInvalidArgument + ": New: nil store")
 	}
-	h := &handler{store: store, o: options{name: "store", limits: map[string]int{}}, secret: make([]byte, 32)}
+	h := &handler{store: store, o: options{name: "store", limits: map[string]int{}, maxAge: DefaultMaxAge}, secret: make([]byte, 32)}
 	for _, opt := range opts {
 		opt(&h.o)
 	}
+	h.snaps.byPrefix = map[string]*snapshot{}
 	_, _ = rand.Read(h.secret) // crypto/rand.Read never fails
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", h.page)
