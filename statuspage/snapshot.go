@@ -17,8 +17,8 @@ const DefaultMaxAge = time.Second
 // large store does not grow with the number of pages left open; requests
 // that arrive while a read is under way wait for it. The page is then up
 // to d older than the store. 0 reads the store for every request. A
-// release from the page is seen by the next request whatever d is. [New]
-// panics on a negative d.
+// release from the page is seen by the next request whatever d is.
+// WithMaxAge panics on a negative d.
 func WithMaxAge(d time.Duration) Option {
 	if d < 0 {
 		panic("statuspage: " + runlease.CodeInvalidArgument + ": WithMaxAge: negative")
