@@ -37,7 +37,7 @@ that a driver has open is refused with RUN-E010.
 
 Serve runs until interrupted (SIGINT, SIGTERM), then lets requests in
 flight finish for up to five seconds. --timeout bounds each request's
-reads of the store.
+reads of the store; pages open at the same time share one read a second.
 `
 
 // shutdownGrace is how long serve lets requests in flight finish once
