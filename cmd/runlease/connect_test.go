@@ -147,11 +147,13 @@ func TestTheTimeoutDoesNotBoundTheOperatorsAnswer(t *testing.T) {
 	path := newDB(t)
 	pr, pw := io.Pipe()
 	go func() {
-		time.Sleep(500 * time.Millisecond) // longer than --timeout
+		// Longer than --timeout, which is long enough that a loaded
+		// machine's sync to disk never takes it.
+		time.Sleep(3 * time.Second)
 		pw.Write([]byte("y\n"))
 		pw.Close()
 	}()
-	r := session{stdin: pr, tty: true}.run(t, "release", runExpired, "--force", "--timeout", "100ms", "--db", path)
+	r := session{stdin: pr, tty: true}.run(t, "release", runExpired, "--force", "--timeout", "1500ms", "--db", path)
 	require.Equal(t, exitOK, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "released run "+runExpired)
 	assert.True(t, peekRow(t, openDB(t, path), runExpired).Released)

@@ -4,7 +4,6 @@ import (
 	"io"
 	"net/url"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -145,24 +144,7 @@ func postgresName(dsn, table string) string {
 	if err != nil {
 		return "postgres (the DSN does not parse)"
 	}
-	var hosts []string
-	add := func(host string, port uint16) {
-		switch {
-		case strings.HasPrefix(host, "/"):
-			host = url.PathEscape(host) // a socket directory, as libpq URIs write it
-		case strings.Contains(host, ":"):
-			host = "[" + host + "]"
-		}
-		h := host + ":" + strconv.Itoa(int(port))
-		if !slices.Contains(hosts, h) {
-			hosts = append(hosts, h)
-		}
-	}
-	add(cfg.Host, cfg.Port)
-	for _, f := range cfg.Fallbacks {
-		add(f.Host, f.Port)
-	}
-	name := "postgres://" + url.User(cfg.User).String() + "@" + strings.Join(hosts, ",") + "/" + url.PathEscape(cfg.Database)
+	name := runlease.Target{Kind: runlease.TargetPostgres, DSN: dsn}.String()
 	if table != runlease.DefaultPostgresTable {
 		name += " table " + table
 	}
