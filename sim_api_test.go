@@ -58,7 +58,10 @@ func (simAPI) Keep(ctx context.Context, r sim.Renewer, l sim.Lease, spec sim.Kee
 			spec.SlotsLost(ev.Err.RunID, ev.Err.Keys, ev.Err)
 		},
 	})}
-	if spec.Slots != nil {
+	switch {
+	case spec.Slots != nil && spec.Strict:
+		opts = append(opts, runlease.KeepSlotsStrict(spec.Slots.(simSlots).s))
+	case spec.Slots != nil:
 		opts = append(opts, runlease.KeepSlots(spec.Slots.(simSlots).s))
 	}
 	if spec.TTL != 0 {

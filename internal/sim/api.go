@@ -88,6 +88,9 @@ type ScopeSpec struct {
 type KeepSpec struct {
 	Slots Slots         // kept beside the lease when not nil
 	TTL   time.Duration // a TTL option passed to Keep when not zero
+	// Strict keeps Slots with KeepSlotsStrict: a kept slot lost ends the
+	// keeper.
+	Strict bool
 	// Lost is called when the keeper loses its lease.
 	Lost func(err error)
 	// SlotsLost is called with the slot run and keys of lost slots, and the

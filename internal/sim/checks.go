@@ -120,6 +120,9 @@ func (w *World) onSlotsLost(rec *keeperRec, slotRun string, keys []string, err e
 	for _, k := range keys {
 		w.slotLosses[slotRun+"|"+k] = true
 	}
+	if _, ok := w.strictLost[rec]; rec.strict && !ok {
+		w.strictLost[rec] = time.Now()
+	}
 }
 
 // checkSlotsFreed: after a release that returned nil, no slot row this
@@ -156,7 +159,7 @@ func (w *World) checkClaimFault(o *op, slotRun string, err error) {
 	log := w.store.log(o.id)
 	last := -1
 	for i, c := range log {
-		if c.outcome != OK {
+		if c.outcome != OK && c.outcome != Slow {
 			last = i
 		}
 	}
@@ -172,7 +175,7 @@ func (w *World) checkClaimFault(o *op, slotRun string, err error) {
 	}
 	reads := 0
 	for _, r := range log[last+1:] {
-		if r.outcome == OK && (r.op == "MetaGet" || r.op == "MetaScan") {
+		if (r.outcome == OK || r.outcome == Slow) && (r.op == "MetaGet" || r.op == "MetaScan") {
 			reads++
 		}
 	}
@@ -196,13 +199,15 @@ func (w *World) applied(key string, old, now *string, at time.Time, opID int) {
 	w.mu.Lock()
 	if opID > 0 && opID <= len(w.ops) {
 		w.writer[key] = w.ops[opID-1].a
+		w.opWriter[key] = opID
 	} else {
 		delete(w.writer, key)
+		delete(w.opWriter, key)
 	}
 	w.mu.Unlock()
 	switch {
 	case strings.HasPrefix(key, runlease.LeasePrefix):
-		w.leaseWritten(strings.TrimPrefix(key, runlease.LeasePrefix), old, now)
+		w.leaseWritten(strings.TrimPrefix(key, runlease.LeasePrefix), old, now, at)
 	case strings.HasPrefix(key, runlease.SlotPrefix):
 		w.slotWritten(key, old, now, at)
 	case now != nil:
@@ -215,16 +220,44 @@ func (w *World) applied(key string, old, now *string, at time.Time, opID int) {
 // leaseWritten checks that fences never go backwards and that each fence
 // of a run belongs to one holder only, and that no keeper
 // of an older holder still trusts when a new holder is granted the run.
-func (w *World) leaseWritten(run string, old, now *string) {
+//
+// It also checks, by the store's clock at the write, that no holder is
+// granted a run while another holder's row is live (at most one holder per
+// run at any instant, as judged by the store; in a mode whose store clock
+// steps back an expired row may come back to life, so not there), and that
+// a release lands only once no keeper of the released lease trusts it
+// (Release stops the lease's keepers first).
+func (w *World) leaseWritten(run string, old, now *string, at time.Time) {
 	if now == nil {
 		w.violate("fence-backwards", run+"|delete", "the lease row of %s was deleted", run)
 		return
 	}
 	n, _ := decode(*now)
 	if old != nil {
-		if o, _ := decode(*old); n.Fence < o.Fence {
+		o, _ := decode(*old)
+		if n.Fence < o.Fence {
 			w.violate("fence-backwards", fmt.Sprintf("%s|%d|%d", run, o.Fence, n.Fence),
 				"run %s went from %s to %s", run, *old, *now)
+		}
+		if w.mode.ClockP == 0 && n.Holder != "" && o.Holder != n.Holder && o.live(at) {
+			w.violate("live-takeover", fmt.Sprintf("%s|%d", run, n.Fence),
+				"%s was granted run %s at fence %d while the row of %s (fence %d) was live for %s more",
+				n.Holder, run, n.Fence, o.Holder, o.Fence, fmtDur(o.remaining(at)))
+		}
+		if n.Holder == "" && o.Holder != "" {
+			w.mu.Lock()
+			var trusting []int
+			for _, r := range w.keepers {
+				if r.run == run && r.holder == o.Holder && r.fence == o.Fence && r.work.Err() == nil {
+					trusting = append(trusting, r.id)
+				}
+			}
+			w.mu.Unlock()
+			if len(trusting) > 0 {
+				w.violate("release-while-trusted", fmt.Sprintf("%s|%d", run, o.Fence),
+					"the release of %s by %s (fence %d) landed while its keeper(s) %v still trusted it",
+					run, o.Holder, o.Fence, trusting)
+			}
 		}
 	}
 	if n.Holder != "" {
@@ -245,7 +278,7 @@ func (w *World) leaseWritten(run string, old, now *string) {
 	w.mu.Lock()
 	var stale []*keeperRec
 	for _, r := range w.keepers {
-		if r.run == run && (r.holder != n.Holder || r.fence != n.Fence) && r.work.Err() == nil {
+		if r.run == run && (r.holder != n.Holder || r.fence != n.Fence) && r.work.Err() == nil && !r.supersededBy(n) {
 			stale = append(stale, r)
 		}
 	}
@@ -303,6 +336,78 @@ func (w *World) slotWritten(key string, old, now *string, at time.Time) {
 				"a claim of %s under limit %d took %s while %d other run(s) held live slots of %s", n.Holder, limit, key, others, scope)}
 			w.violations = append(w.violations, v)
 			w.mon.tracef("!! %s", v)
+		}
+	}
+}
+
+// checkLossEndedKeepers: a call on a lease that reports it lost (other than
+// a trust window that ran out, which is one keeper's) has ended every
+// keeper of the lease, and cancelled its work context, when it returns.
+func (w *World) checkLossEndedKeepers(call string, l Lease, run string, err error) {
+	if !errors.Is(err, runlease.ErrLeaseLost) || errors.Is(err, runlease.ErrTrustExpired) {
+		return
+	}
+	w.mu.Lock()
+	var running []int
+	for _, r := range w.keepers {
+		if r.lease == l && r.work != nil && r.work.Err() == nil {
+			running = append(running, r.id)
+		}
+	}
+	w.mu.Unlock()
+	if len(running) > 0 {
+		w.violate("loss-keeper-running", fmt.Sprintf("%s|%v", run, running),
+			"%s of %s returned a loss (%v), but the work context of its keeper(s) %v is still live",
+			call, run, errText(err), running)
+	}
+}
+
+// checkClaimRefusal: a claim refused for the limit (not a fault) left no
+// slot row it wrote (a claim that is refused in one scope gives back the
+// slots it took in the others), and met no write of unknown outcome whose
+// read-back showed it had not landed: such a write is a fault, never a
+// lost race, so it cannot end in a refusal.
+func (w *World) checkClaimRefusal(o *op, slotRun string, err error) {
+	if !errors.Is(err, runlease.ErrConcurrencyLimit) || errors.Is(err, runlease.ErrStorage) {
+		return
+	}
+	subject := fmt.Sprintf("op%d", o.id)
+	now := w.storeNow()
+	log := w.store.log(o.id)
+	// restored reports whether value is what key held before the claim
+	// first wrote it: another Slots of the same run may hold the slot too,
+	// and the rollback puts its row back.
+	restored := func(key, value string) bool {
+		for _, c := range log {
+			if c.op == "MetaCAS" && c.key == key {
+				return c.expected != nil && *c.expected == value
+			}
+		}
+		return false
+	}
+	for _, r := range w.store.Scan(runlease.SlotPrefix) {
+		w.mu.Lock()
+		mine := w.opWriter[r.Key] == o.id
+		w.mu.Unlock()
+		if row, _ := decode(r.Value); mine && row.Holder == slotRun && row.live(now) && !restored(r.Key, r.Value) {
+			w.violate("refused-claim-kept-slot", subject, "ClaimSlots #%d for %s was refused (%v) but left its live slot row %s",
+				o.id, slotRun, errText(err), r.Key)
+		}
+	}
+	for i, c := range log {
+		if c.op != "MetaCAS" || c.applied || (c.outcome != Lost && c.outcome != Unsent && c.outcome != Hang && c.outcome != HangApplied) {
+			continue
+		}
+		for _, r := range log[i+1:] {
+			if r.op != "MetaGet" || r.key != c.key || (r.outcome != OK && r.outcome != Slow) {
+				continue
+			}
+			if (c.expected == nil && !r.found) || (c.expected != nil && r.found && r.read == *c.expected) {
+				w.violate("refusal-on-fault", subject,
+					"ClaimSlots #%d for %s was refused (%v), but its write of %s had an unknown outcome (%s) and the read-back found it not applied: a fault",
+					o.id, slotRun, errText(err), c.key, c.outcome)
+			}
+			break
 		}
 	}
 }

@@ -28,9 +28,13 @@ const (
 	// HangApplied blocks until the call's context ends, applies the call at
 	// that instant, and reports an unknown outcome.
 	HangApplied
+	// Slow waits a while of fake time (a slow store, not a faulty one),
+	// then serves the call as OK; if the call's context ends first, it
+	// reports an unknown outcome without having applied the call.
+	Slow
 )
 
-var outcomeNames = [...]string{"ok", "fail", "lost-reply", "unsent-unknown", "hang", "hang-applied"}
+var outcomeNames = [...]string{"ok", "fail", "lost-reply", "unsent-unknown", "hang", "hang-applied", "slow"}
 
 func (o Outcome) String() string { return outcomeNames[o] }
 
@@ -41,14 +45,14 @@ var errInjected = errors.New("injected fault")
 // Rates are the chances of each faulty outcome for one class of call; the
 // rest of the time the call is OK.
 type Rates struct {
-	Fail, Lost, Unsent, Hang, HangApplied float64
+	Fail, Lost, Unsent, Hang, HangApplied, Slow float64
 }
 
 func (r Rates) pick(x float64) Outcome {
 	for _, c := range []struct {
 		p float64
 		o Outcome
-	}{{r.Fail, Fail}, {r.Lost, Lost}, {r.Unsent, Unsent}, {r.Hang, Hang}, {r.HangApplied, HangApplied}} {
+	}{{r.Fail, Fail}, {r.Lost, Lost}, {r.Unsent, Unsent}, {r.Hang, Hang}, {r.HangApplied, HangApplied}, {r.Slow, Slow}} {
 		if x < c.p {
 			return c.o
 		}

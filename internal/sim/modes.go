@@ -32,11 +32,22 @@ type Mode struct {
 	TTL        time.Duration
 	Serial     bool // each driver runs one operation at a time
 	OneKeeper  bool // a lease is kept once at most, so a Keep never waits behind a renewal
+	// Plain gives the library the store without batches (no Batcher, no
+	// MultiCASer), so claims write slot by slot and roll back.
+	Plain bool
+	// Uncertainty is the uncertainty the store's clock reports.
+	Uncertainty time.Duration
+	// PrefixHolders names the drivers so that each holder string starts
+	// with the one before it ("d", "dx", "dxx", …).
+	PrefixHolders bool
+	// Strict keeps slots with KeepSlotsStrict half of the time.
+	Strict bool
 }
 
 // Margin is the least time by which a keeper must stop trusting before its
-// row can expire: the default KeepMargin, a tenth of the TTL.
-func (m Mode) Margin() time.Duration { return m.TTL / 10 }
+// row can expire: the default KeepMargin, a tenth of the TTL, plus the
+// uncertainty of the store's clock, which KeepMargin says is added to it.
+func (m Mode) Margin() time.Duration { return m.TTL/10 + m.Uncertainty }
 
 func rates(fail, lost, unsent float64) Rates { return Rates{Fail: fail, Lost: lost, Unsent: unsent} }
 
@@ -64,7 +75,10 @@ var (
 	blind = Weather{Name: "blind", Rates: [numClasses]Rates{LeaseWrite: rates(0, 0.6, 0.4), Read: {Fail: 1}}}
 	// unsentSlots loses slot writes with an unknown outcome; reads work.
 	unsentSlots = Weather{Name: "unsent-slots", Rates: [numClasses]Rates{SlotWrite: rates(0, 0.2, 0.5)}}
-	batchHang   = Weather{Name: "batch-hang", Rates: [numClasses]Rates{MultiCAS: {Hang: 0.5, HangApplied: 0.2}}}
+	// slowSlots serves slot writes and reads slowly, so that claims of
+	// different runs interleave between their reads and their writes.
+	slowSlots = Weather{Name: "slow-slots", Rates: [numClasses]Rates{SlotWrite: {Slow: 0.6}, Read: {Slow: 0.4}}}
+	batchHang = Weather{Name: "batch-hang", Rates: [numClasses]Rates{MultiCAS: {Hang: 0.5, HangApplied: 0.2}}}
 )
 
 // leaseOps is the weight table of the lease workload.
@@ -76,6 +90,18 @@ var leaseOps = map[string]float64{
 var slotOps = map[string]float64{
 	"acquire": 3, "keep": 3, "claim": 3, "slots-renew": 1, "slots-release": 1, "keeper-release": 1,
 	"abandon": 0.5, "stop": 0.3,
+}
+
+// withOps returns base with extra's weights added.
+func withOps(base, extra map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range extra {
+		out[k] += v
+	}
+	return out
 }
 
 // Modes are the workload families, by name.
@@ -141,6 +167,15 @@ func init() {
 	addMode(Mode{Name: "batches", Doc: "two Renewers keeping the same leases, so batched renewals overlap",
 		Actors: 2, Runs: 3, Shared: 2, OpP: 0.85,
 		Ops: map[string]float64{"acquire": 3, "keep-shared": 5, "renew": 0.5, "stop": 0.3, "abandon": 0.2}, Weather: []Weather{healthy}})
+	addMode(Mode{Name: "reentry", Doc: "holders whose names share a prefix, re-entry by the same holder at a higher fence with the replaced Lease still called, Release with keepers running, a store clock of 150 ms uncertainty",
+		Actors: 4, Runs: 2, Shared: 1, PrefixHolders: true, Uncertainty: 150 * time.Millisecond, WeatherP: 0.06, Yield: 0.1,
+		Ops:     withOps(leaseOps, map[string]float64{"reenter": 1.5, "renew-stale": 1, "write-stale": 1, "release-kept": 1}),
+		Weather: []Weather{healthy, flaky, lossy}})
+	addMode(Mode{Name: "plain", Doc: "slots on a store without batches: claims slot by slot with rollback, kept strictly or not, slot writes of unknown outcome",
+		Actors: 5, Runs: 5, Shared: 1, Plain: true, Strict: true, WeatherP: 0.06, Yield: 0.3,
+		Scopes:  []ScopeSpec{{"mem", 2}, {"principal:p", 1}},
+		Ops:     withOps(slotOps, map[string]float64{"claim": 2, "slots-release": 1, "release-kept": 0.5}),
+		Weather: []Weather{slowSlots, healthy, unsentSlots, slotsDown, flaky}})
 	addMode(Mode{Name: "clock", Doc: "store clock steps forward and back (a step forward past the margin is a fault the keeper cannot see)",
 		Ops: leaseOps, Shared: 1, ClockP: 0.05,
 		ClockSteps: []time.Duration{-2 * time.Second, -300 * time.Millisecond, 200 * time.Millisecond, 3 * time.Second}})

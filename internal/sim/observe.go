@@ -34,7 +34,11 @@ func (w *World) observe(fresh bool) {
 	trusting := map[string]map[string]int{} // run → holder/fence → a keeper trusting it
 	for _, r := range keepers {
 		w.observeKeeper(r, now, fresh)
-		if r.work.Err() == nil {
+		cur, _ := w.leaseRow(r.run)
+		w.mu.Lock()
+		superseded := r.supersededBy(cur)
+		w.mu.Unlock()
+		if r.work.Err() == nil && !superseded {
 			id := fmt.Sprintf("%s fence %d", r.holder, r.fence)
 			if trusting[r.run] == nil {
 				trusting[r.run] = map[string]int{}
@@ -56,7 +60,10 @@ func (w *World) observe(fresh bool) {
 func (w *World) observeKeeper(r *keeperRec, now time.Time, fresh bool) {
 	snow := w.storeNow()
 	cur, own := w.ownRow(r.run, r.holder, r.fence)
-	if !own {
+	w.mu.Lock()
+	superseded := r.supersededBy(cur)
+	w.mu.Unlock()
+	if !own && !superseded {
 		w.violate("exclusive-trust", fmt.Sprintf("row|%d", r.id),
 			"keeper k%d of %s (fence %d) still trusts run %s while the row is %q fence %d (live %v)",
 			r.id, r.holder, r.fence, r.run, cur.Holder, cur.Fence, cur.live(snow))
@@ -79,7 +86,13 @@ func (w *World) observeKeeper(r *keeperRec, now time.Time, fresh bool) {
 	}
 	w.mu.Lock()
 	lostAt, lost := w.lostAt[r.lease]
+	slotLostAt, slotLost := w.strictLost[r]
 	w.mu.Unlock()
+	if slotLost {
+		w.violate("strict-slot-kept", fmt.Sprintf("%d", r.id),
+			"keeper k%d of %s keeps its slots with KeepSlotsStrict, a slot was reported lost %s ago, yet its work context is live",
+			r.id, r.run, fmtDur(now.Sub(slotLostAt)))
+	}
 	if lost || w.rng.IntN(3) == 0 {
 		if err := r.k.Err(); err == nil && lost {
 			w.violate("trust-after-loss", fmt.Sprintf("%d", r.id),

@@ -19,7 +19,7 @@ const (
 var structural = map[string]bool{
 	"acquire": true, "acquire-wait": true, "release": true, "keep": true, "keep-shared": true,
 	"stop": true, "keeper-release": true, "abandon": true, "close-renewer": true, "claim": true,
-	"slots-release": true,
+	"slots-release": true, "reenter": true, "release-kept": true,
 }
 
 // active returns the keepers of a that were neither stopped nor ended.
@@ -78,12 +78,23 @@ func (w *World) validOps(a *actor) []string {
 	add("renew", held)
 	add("write", held)
 	add("write-keeper-ctx", held && len(w.keepersOf(a)) > 0)
+	// A driver that re-entered its run with keepers of the replaced Lease
+	// still running gives the run up only once they ended (a call on the
+	// replaced Lease ends them): until then they trust the run.
+	superseded := false
+	for _, r := range act {
+		superseded = superseded || r.superseded
+	}
 	add("release", held && len(act) == 0)
+	add("release-kept", held && len(act) > 0 && !superseded)
+	add("reenter", held)
+	add("renew-stale", a.stale != nil)
+	add("write-stale", a.stale != nil)
 	keepable := held && len(act) < 2 && (!w.mode.OneKeeper || len(w.keepersOf(a)) == 0)
 	add("keep", keepable)
 	add("keep-shared", keepable && w.mode.Shared > 0)
 	add("stop", len(act) > 0)
-	add("keeper-release", len(act) > 0)
+	add("keeper-release", len(act) > 0 && !superseded)
 	add("abandon", held || a.slots != nil)
 	add("close-renewer", w.mode.Shared > 0)
 	kept := w.slotsKept(a)
@@ -188,7 +199,7 @@ func (w *World) begin(a *actor, kind string) {
 			ctx, cancel := context.WithTimeout(ctx, callTimeout)
 			defer cancel()
 			start := time.Now()
-			l, err := w.api.Acquire(ctx, w.store, run, a.holder, ttl)
+			l, err := w.api.Acquire(ctx, w.lib(), run, a.holder, ttl)
 			if err == nil {
 				w.setLease(a, l)
 				w.confirm(l, start)
@@ -201,7 +212,7 @@ func (w *World) begin(a *actor, kind string) {
 		w.launch(a, fmt.Sprintf("AcquireWait %s within %v", run, d), d+promptly, func(ctx context.Context, o *op) error {
 			ctx, cancel := context.WithTimeout(ctx, d)
 			defer cancel()
-			l, err := w.api.AcquireWait(ctx, w.store, run, a.holder, ttl, time.Second)
+			l, err := w.api.AcquireWait(ctx, w.lib(), run, a.holder, ttl, time.Second)
 			if err == nil {
 				w.setLease(a, l)
 			}
@@ -218,6 +229,7 @@ func (w *World) begin(a *actor, kind string) {
 				w.confirm(l, start)
 			}
 			w.checkLoss("Renew", l, run, a.holder, fence, err)
+			w.checkLossEndedKeepers("Renew", l, run, err)
 			w.markLost(a, l, err)
 			return err
 		})
@@ -235,15 +247,28 @@ func (w *World) begin(a *actor, kind string) {
 		w.launch(a, desc, callTimeout+promptly, func(ctx context.Context, o *op) error {
 			return w.write(ctx, o, a, l, run, fence, work)
 		})
-	case "release":
-		w.launch(a, "Release "+run, callTimeout+promptly, func(ctx context.Context, o *op) error {
+	case "release", "release-kept":
+		desc := "Release " + run
+		if kind == "release-kept" {
+			desc += " with its keepers running"
+		}
+		w.launch(a, desc, callTimeout+promptly, func(ctx context.Context, o *op) error {
 			ctx, cancel := context.WithTimeout(ctx, callTimeout)
 			defer cancel()
 			w.mu.Lock()
 			w.releasing[l] = true
+			kept := w.keepersOf(a)
 			w.mu.Unlock()
 			err := l.Release(ctx)
+			// Release stops the lease's keepers first, whatever its outcome.
+			for _, r := range kept {
+				if r.work.Err() == nil {
+					w.violate("release-left-keeper", fmt.Sprintf("%d", r.id),
+						"Release #%d of %s returned (%v) with its keeper k%d still running", o.id, run, errText(err), r.id)
+				}
+			}
 			w.checkLoss("Release", l, run, a.holder, fence, err)
+			w.checkLossEndedKeepers("Release", l, run, err)
 			w.markLost(a, l, err)
 			if err == nil {
 				w.checkReleased("Release", run, a.holder, fence)
@@ -251,6 +276,75 @@ func (w *World) begin(a *actor, kind string) {
 				a.lease = nil
 				w.mu.Unlock()
 			}
+			return err
+		})
+	case "reenter":
+		// The same holder acquires the run it holds again: it is granted
+		// the run at a higher fence, and the Lease it had is replaced, its
+		// renewals and fenced writes to be refused from then on.
+		w.launch(a, "Acquire "+run+" again (re-entry)", callTimeout+promptly, func(ctx context.Context, o *op) error {
+			ctx, cancel := context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+			w.mu.Lock()
+			for _, r := range w.keepersOf(a) {
+				r.superseded = true
+			}
+			w.mu.Unlock()
+			start := time.Now()
+			nl, err := w.api.Acquire(ctx, w.lib(), run, a.holder, ttl)
+			if err == nil {
+				w.tracef("  #%d re-entered %s at fence %d (the replaced lease's: %d)", o.id, run, nl.Fence(), fence)
+				if nl.Fence() <= fence {
+					// Two Leases of one holder at one fence: the replaced one
+					// is not fenced out, so the checks of a replaced lease
+					// do not apply to it.
+					w.violate("reentry-same-fence", fmt.Sprintf("op%d", o.id),
+						"Acquire #%d re-entered %s at fence %d, not above the fence %d of the lease it replaces",
+						o.id, run, nl.Fence(), fence)
+				} else {
+					w.mu.Lock()
+					a.stale, a.staleFence = l, fence
+					w.mu.Unlock()
+				}
+				w.setLease(a, nl)
+				w.confirm(nl, start)
+			} else {
+				// The re-entry may have landed (an unknown outcome), so the
+				// Lease it would replace is given up, as a driver must.
+				w.mu.Lock()
+				if a.lease == l {
+					a.lost = true
+				}
+				w.mu.Unlock()
+			}
+			return err
+		})
+	case "renew-stale", "write-stale":
+		w.mu.Lock()
+		stale, sfence := a.stale, a.staleFence
+		w.mu.Unlock()
+		call := "Renew"
+		if kind == "write-stale" {
+			call = "Write"
+		}
+		w.launch(a, fmt.Sprintf("%s %s on the lease of fence %d replaced by a re-entry", call, stale.RunID(), sfence), callTimeout+promptly, func(ctx context.Context, o *op) error {
+			ctx, cancel := context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+			run := stale.RunID()
+			var err error
+			if kind == "write-stale" {
+				err = stale.Write(ctx, runlease.Put("ckpt:"+run, fmt.Sprintf("v%d", o.id)))
+			} else {
+				err = stale.Renew(ctx)
+			}
+			if err == nil {
+				w.violate("stale-lease-wrote", fmt.Sprintf("op%d", o.id),
+					"%s #%d on the lease of %s at fence %d succeeded after the same holder was granted the run again at a higher fence",
+					call, o.id, run, sfence)
+			}
+			w.checkLoss(call, stale, run, a.holder, sfence, err)
+			w.checkLossEndedKeepers(call, stale, run, err)
+			w.markLost(a, stale, err)
 			return err
 		})
 	case "keep", "keep-shared":
@@ -270,7 +364,7 @@ func (w *World) begin(a *actor, kind string) {
 		w.launch(a, "abandon "+run, promptly, func(ctx context.Context, o *op) error {
 			w.stopAll(a)
 			w.mu.Lock()
-			a.lease, a.slots, a.lost = nil, nil, false
+			a.lease, a.slots, a.lost, a.stale = nil, nil, false, nil
 			w.mu.Unlock()
 			return nil
 		})

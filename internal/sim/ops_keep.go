@@ -53,6 +53,7 @@ func (w *World) write(ctx context.Context, o *op, a *actor, l Lease, run string,
 		return err
 	}
 	w.checkLoss("Write", l, run, a.holder, fence, err)
+	w.checkLossEndedKeepers("Write", l, run, err)
 	if endedBefore && err != nil && !errors.Is(err, runlease.ErrLeaseLost) && !errors.Is(err, context.Cause(work)) {
 		w.violate("ctx-cause", subject, "Write #%d through the work context of an ended keeper returned %v, "+
 			"which matches neither ErrLeaseLost nor the keeper's cause (%v)", o.id, err, context.Cause(work))
@@ -84,6 +85,9 @@ func (w *World) beginKeep(a *actor, kind string, l Lease, run string, fence uint
 	if w.mode.KeepTTL > 0 && w.rng.IntN(2) == 0 {
 		spec.TTL = w.mode.KeepTTL
 	}
+	if slots != nil && w.mode.Strict && w.rng.IntN(2) == 0 {
+		spec.Strict, rec.strict = true, true
+	}
 	var r Renewer
 	name := "own renewer"
 	if ri > 0 {
@@ -92,6 +96,9 @@ func (w *World) beginKeep(a *actor, kind string, l Lease, run string, fence uint
 	desc := fmt.Sprintf("Keep k%d of %s on %s", rec.id, run, name)
 	if slots != nil {
 		desc += " with slots"
+	}
+	if spec.Strict {
+		desc += " (strict)"
 	}
 	if spec.TTL > 0 {
 		desc += fmt.Sprintf(" WithTTL(%v)", spec.TTL)
@@ -167,7 +174,7 @@ func (w *World) beginKeeperRelease(a *actor, act []*keeperRec, run string, fence
 			a.slots = nil
 		}
 		w.mu.Unlock()
-		w.checkLoss("Keeper.Release", rec.lease, run, a.holder, fence, err)
+		w.checkLoss("Keeper.Release", rec.lease, run, a.holder, rec.fence, err)
 		if err == nil {
 			w.checkReleased("Keeper.Release", run, a.holder, fence)
 			if rec.slots != nil {
@@ -211,7 +218,7 @@ func (w *World) beginClaim(a *actor, run string) {
 		w.mu.Unlock()
 		ctx, cancel := context.WithTimeout(ctx, callTimeout)
 		defer cancel()
-		s, err := w.api.ClaimSlots(ctx, w.store, run, specs, w.mode.TTL)
+		s, err := w.api.ClaimSlots(ctx, w.lib(), run, specs, w.mode.TTL)
 		w.mu.Lock()
 		delete(w.claims, run)
 		if err == nil {
@@ -222,6 +229,7 @@ func (w *World) beginClaim(a *actor, run string) {
 		}
 		w.mu.Unlock()
 		w.checkClaimFault(o, run, err)
+		w.checkClaimRefusal(o, run, err)
 		return err
 	})
 }

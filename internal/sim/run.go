@@ -62,7 +62,8 @@ func Run(mode Mode, seed uint64, api API, mon *Monitor) *Report {
 	w := &World{mode: mode, seed: seed, api: api, mon: mon, start: time.Now(),
 		rng:  rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		seen: map[string]bool{}, lostAt: map[Lease]time.Time{}, slotLosses: map[string]bool{},
-		claims: map[string]*claimRec{}, userValues: map[string]bool{}, writer: map[string]*actor{}, releasing: map[Lease]bool{}, fenceHolder: map[string]string{}, confirmed: map[Lease][]confirmation{}}
+		claims: map[string]*claimRec{}, userValues: map[string]bool{}, writer: map[string]*actor{}, releasing: map[Lease]bool{}, fenceHolder: map[string]string{}, confirmed: map[Lease][]confirmation{},
+		opWriter: map[string]int{}, strictLost: map[*keeperRec]time.Time{}}
 	jitter := rand.New(rand.NewPCG(seed^0x5851f42d4c957f2d, seed))
 	var jitterMu sync.Mutex
 	api.SetJitter(func(n int64) int64 {
@@ -74,8 +75,13 @@ func Run(mode Mode, seed uint64, api API, mon *Monitor) *Report {
 	w.store = newStore(seed, w, w.tracef)
 	w.store.yield = mode.Yield
 	w.store.weather = mode.Weather[0]
+	w.store.uncertainty = mode.Uncertainty
 	for i := range mode.Actors {
-		w.actors = append(w.actors, &actor{id: i, holder: fmt.Sprintf("d%d", i)})
+		holder := fmt.Sprintf("d%d", i)
+		if mode.PrefixHolders {
+			holder = "d" + strings.Repeat("x", i)
+		}
+		w.actors = append(w.actors, &actor{id: i, holder: holder})
 	}
 	for range mode.Shared {
 		w.renewers = append(w.renewers, api.NewRenewer())

@@ -36,6 +36,12 @@ type callRecord struct {
 	applied bool
 	ctxCut  bool            // the call ended because its context did
 	conds   []runlease.Cond // a batch's conditions
+	// expected is a MetaCAS's expected value; read and found are what a
+	// MetaGet that succeeded returned.
+	expected *string
+	read     string
+	found    bool
+	delay    time.Duration // how long a Slow call waits
 }
 
 // Store is an in-memory runlease store whose every call's outcome is chosen
@@ -56,6 +62,9 @@ type Store struct {
 	logs    map[int][]callRecord
 	writer  int // the operation whose call is applying, while one is
 	trace   func(format string, a ...any)
+	// uncertainty is how far ClockNow says its reading may be from the
+	// store's true time.
+	uncertainty time.Duration
 }
 
 func newStore(seed uint64, w watcher, trace func(string, ...any)) *Store {
@@ -67,7 +76,7 @@ func newStore(seed uint64, w watcher, trace func(string, ...any)) *Store {
 func (s *Store) ClockNow() (time.Time, time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return time.Now().Add(s.offset), 0
+	return time.Now().Add(s.offset), s.uncertainty
 }
 
 func (s *Store) nowLocked() time.Time { return time.Now().Add(s.offset) }
@@ -134,8 +143,29 @@ func (s *Store) begin(ctx context.Context, op, key string, class Class) (Outcome
 // finish waits out a hang and turns an outcome into the error to return.
 // apply runs under the store's mutex when the outcome applies the call.
 func (s *Store) finish(ctx context.Context, op, key string, o Outcome, conds []runlease.Cond, apply func() bool) (bool, error) {
-	rec := callRecord{op: op, key: key, outcome: o, conds: conds}
+	return s.finishRec(ctx, callRecord{op: op, key: key, outcome: o, conds: conds}, nil, apply)
+}
+
+// finishRec is finish for a record made by the caller; after, when set,
+// completes the record under the store's mutex once apply has run.
+func (s *Store) finishRec(ctx context.Context, rec callRecord, after func(*callRecord), apply func() bool) (bool, error) {
+	op, key, o := rec.op, rec.key, rec.outcome
 	var cause error = errInjected
+	if o == Slow {
+		s.mu.Lock()
+		x, _ := s.dec.draw("delay "+op, key)
+		s.mu.Unlock()
+		rec.delay = time.Duration(20+x*600) * time.Millisecond
+		select {
+		case <-time.After(rec.delay):
+			o, rec.outcome = OK, Slow
+		case <-ctx.Done():
+			o, rec.outcome = Hang, Hang
+			cause, rec.ctxCut = ctx.Err(), true
+		case <-s.heal:
+			o, rec.outcome = OK, Slow
+		}
+	}
 	if o == Hang || o == HangApplied {
 		s.mu.Lock()
 		s.hung++
@@ -157,6 +187,9 @@ func (s *Store) finish(ctx context.Context, op, key string, o Outcome, conds []r
 		ok = apply()
 		s.writer = 0
 		rec.applied = ok
+	}
+	if after != nil {
+		after(&rec)
 	}
 	s.logs[opOf(ctx)] = append(s.logs[opOf(ctx)], rec)
 	if o != OK {
@@ -206,12 +239,14 @@ func (s *Store) MetaGet(ctx context.Context, key string) (string, bool, error) {
 	if err != nil {
 		return "", false, err
 	}
-	if o != OK && o != Fail {
+	if o != OK && o != Fail && o != Slow {
 		o = Hang
 	}
 	var v string
 	var found bool
-	_, err = s.finish(ctx, "MetaGet", key, o, nil, func() bool { v, found = s.rows[key]; return true })
+	_, err = s.finishRec(ctx, callRecord{op: "MetaGet", key: key, outcome: o},
+		func(r *callRecord) { r.read, r.found = v, found },
+		func() bool { v, found = s.rows[key]; return true })
 	if err != nil {
 		return "", false, notApplied(err)
 	}
@@ -224,7 +259,7 @@ func (s *Store) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, er
 	if err != nil {
 		return nil, err
 	}
-	if o != OK && o != Fail {
+	if o != OK && o != Fail && o != Slow {
 		o = Hang
 	}
 	var rows []runlease.Row
@@ -252,7 +287,7 @@ func (s *Store) MetaCAS(ctx context.Context, key string, expected *string, value
 	if err != nil {
 		return false, err
 	}
-	return s.finish(ctx, "MetaCAS", key, o, nil, func() bool {
+	return s.finishRec(ctx, callRecord{op: "MetaCAS", key: key, outcome: o, expected: expected}, nil, func() bool {
 		if !s.holds(key, expected) {
 			return false
 		}
@@ -386,3 +421,27 @@ func (s *Store) healAll() {
 		close(s.heal)
 	}
 }
+
+// plainStore is the Store without its optional capabilities but its clock:
+// no batches and no batched compare-and-swaps, so the library takes the
+// paths a store of single-key calls needs (claims slot by slot, with a
+// rollback; renewals one by one).
+type plainStore struct{ s *Store }
+
+func (p plainStore) MetaGet(ctx context.Context, key string) (string, bool, error) {
+	return p.s.MetaGet(ctx, key)
+}
+
+func (p plainStore) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, error) {
+	return p.s.MetaScan(ctx, prefix)
+}
+
+func (p plainStore) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
+	return p.s.MetaCAS(ctx, key, expected, value)
+}
+
+func (p plainStore) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
+	return p.s.MetaDelete(ctx, key, expected)
+}
+
+func (p plainStore) ClockNow() (time.Time, time.Duration) { return p.s.ClockNow() }

@@ -36,6 +36,11 @@ type actor struct {
 	run   string
 	lost  bool // a call on lease reported it lost: the driver must drop it
 	slots Slots
+
+	// stale is a lease of this holder on run that a later Acquire by the
+	// same holder replaced (re-entered at a higher fence), kept to call.
+	stale      Lease
+	staleFence uint64
 }
 
 // keeperRec is a keeper the workload started.
@@ -52,6 +57,17 @@ type keeperRec struct {
 	renewer int // 0: a Renewer of its own
 	stopped bool
 	trusted time.Time // TrustedUntil at the last fresh look
+	strict  bool      // its slots are kept with KeepSlotsStrict
+	// superseded is set when its driver began to re-enter the run: a row of
+	// the same holder at a higher fence is then its driver's own doing, not
+	// a contender's, and the keeper may trust until its lease finds it.
+	superseded bool
+}
+
+// supersededBy reports whether r is a keeper whose driver re-entered the
+// run and cur is a row of that re-entry. w.mu is held.
+func (r *keeperRec) supersededBy(cur row) bool {
+	return r.superseded && cur.Holder == r.holder && cur.Fence > r.fence
 }
 
 // op is one workload operation in flight or done.
@@ -97,6 +113,8 @@ type World struct {
 	releasing   map[Lease]bool           // leases whose driver called a release
 	fenceHolder map[string]string        // run|fence → the holder granted it first
 	confirmed   map[Lease][]confirmation // the calls on the lease that succeeded
+	opWriter    map[string]int           // key → the operation whose call last wrote it, when known
+	strictLost  map[*keeperRec]time.Time // strict keepers whose SlotsLost hook reported a loss, and when
 }
 
 // violate records a violation, once per check and subject.
@@ -146,6 +164,15 @@ func (w *World) leaseRow(run string) (row, bool) {
 		return row{}, false
 	}
 	return decode(raw)
+}
+
+// lib is the store the library is given: the fault store itself, or, in a
+// mode without batches, the same store offering single-key calls only.
+func (w *World) lib() runlease.Store {
+	if w.mode.Plain {
+		return plainStore{w.store}
+	}
+	return w.store
 }
 
 func (w *World) storeNow() time.Time { t, _ := w.store.ClockNow(); return t }
