@@ -3,11 +3,9 @@ package runlease_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/pgtest"
+	"github.com/areev/runlease/internal/testkit"
 )
 
 func TestParseTargetReadsEveryForm(t *testing.T) {
@@ -197,49 +196,9 @@ func TestOpenReadOnlySaysASQLiteFileIsNotARunleaseStore(t *testing.T) {
 	assert.Contains(t, err.Error(), "is a SQLite database but not a runlease store")
 }
 
-// silentServer accepts connections and never answers, like a server behind
-// a stalled proxy; it closes them when t ends.
-func silentServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
-
-// refusedAddr returns an address where nothing listens.
-func refusedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
-
 func TestOpenOfASilentServerNamesItsHostAndPort(t *testing.T) {
 	t.Parallel()
-	addr := silentServer(t)
+	addr := testkit.SilentServer(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	_, err := runlease.Open(ctx, "postgres://u:pw123456@"+addr+"/db?sslmode=disable")
@@ -251,7 +210,7 @@ func TestOpenOfASilentServerNamesItsHostAndPort(t *testing.T) {
 
 func TestOpenOfARefusedPortSaysSoOnce(t *testing.T) {
 	t.Parallel()
-	addr := refusedAddr(t)
+	addr := testkit.RefusedAddr(t)
 	// sslmode defaults to prefer: pgx dials twice, with and without TLS.
 	_, err := runlease.Open(t.Context(), "postgres://u:pw123456@"+addr+"/db")
 	require.ErrorIs(t, err, runlease.ErrStorage)

@@ -2,57 +2,17 @@ package main
 
 import (
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease/internal/testkit"
 )
-
-// silentServer accepts connections and never answers, like a server behind
-// a stalled proxy; it closes them when t ends.
-func silentServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
-
-// refusedAddr returns an address where nothing listens.
-func refusedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
 
 const testPassword = "Sup3rSecretPw"
 
@@ -79,7 +39,7 @@ func TestADSNThatDoesNotParseSaysWhichPartIsWrong(t *testing.T) {
 
 func TestASilentServerTimesOutNamingItsHostAndPort(t *testing.T) {
 	t.Parallel()
-	addr := silentServer(t)
+	addr := testkit.SilentServer(t)
 	start := time.Now()
 	r := runCLI(t, "status", "--timeout", "300ms", "--postgres", "postgres://u:"+testPassword+"@"+addr+"/db?sslmode=disable")
 	assert.Less(t, time.Since(start), 5*time.Second, "--timeout bounds the wait")
@@ -98,7 +58,7 @@ func TestTheTimeoutMustBePositive(t *testing.T) {
 
 func TestARefusedConnectionIsToldOnce(t *testing.T) {
 	t.Parallel()
-	addr := refusedAddr(t)
+	addr := testkit.RefusedAddr(t)
 	// sslmode defaults to prefer, so pgx dials twice: with and without TLS.
 	r := runCLI(t, "peek", "r1", "--postgres", "postgres://u:"+testPassword+"@"+addr+"/db")
 	assert.Equal(t, exitError, r.code, r.stderr)
