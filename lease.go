@@ -7,8 +7,8 @@
 // Every write is a compare-and-swap against the exact row last read, so a
 // driver that stalls past its TTL and is replaced cannot renew, release or
 // write through a fence again: its next call fails with [ErrLeaseLost]
-// (RUN-E021), and that is the moment it must stop. The fence grows by one at
-// every acquisition and never goes backwards for a run id, so systems outside
+// (RUN-E021), and that is the moment it must stop. The fence grows at every
+// acquisition and never goes backwards for a run id, so systems outside
 // the store can refuse writes from an older holder.
 //
 // Expiry is judged by one clock: the store's own when it has one (see
@@ -83,6 +83,11 @@ type Lease struct {
 	released  bool  // the row is released at this lease's fence
 	releasing bool  // Release was called: nothing but Release may write
 	keepers   []*Keeper
+
+	// ambiguous counts, during acquisition only, the writes whose outcome
+	// was unknown and whose read-back could not tell them from another
+	// Lease's (see tryAcquire).
+	ambiguous int
 }
 
 // Acquire takes the lease on runID for holder, or fails with a
@@ -140,6 +145,12 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 // acquirers of a free row before it reports a fault: on a store that works,
 // each lost race means another acquirer won, which makes the row live.
 const maxAcquireTries = 1000
+
+// maxAmbiguousAcquires bounds how many times in one Acquire a write whose
+// outcome was unknown, read back as the row it would have written, is
+// re-entered over at the next fence. Past it the fault is returned: on a
+// store that loses every reply, each round would only burn a fence.
+const maxAmbiguousAcquires = 2
 
 // acquire writes the lease row: create-if-absent first when tryCreate, then
 // over the row read, while the row keeps changing under it.
@@ -217,12 +228,22 @@ func (l *Lease) tryAcquire(ctx context.Context, expected *string, fence uint64) 
 		switch {
 		case rerr != nil:
 			return nil, false, err
-		case found && raw == next:
-			// landed
 		case !found && expected == nil, found && expected != nil && raw == *expected:
 			return nil, false, err // not applied, or not yet
 		case !found:
 			return nil, false, nil
+		case raw == next && l.ambiguous >= maxAmbiguousAcquires:
+			return nil, false, err
+		case raw == next:
+			// This row may be this write landing, or another Lease of
+			// the same holder that wrote the same bytes in the same
+			// millisecond over the same row (re-entry racing an earlier
+			// acquisition or its renewal). Taking it as ours could hand
+			// out two Leases at one fence, so re-enter over it at the
+			// next fence instead: whichever Lease wrote it is then
+			// superseded, as any re-entry supersedes it.
+			l.ambiguous++
+			return &raw, false, nil
 		default:
 			return &raw, false, nil // another acquirer moved the row
 		}

@@ -101,6 +101,62 @@ func TestLeaseFaultsAreNeverLossesNorLossesSuccesses(t *testing.T) {
 		require.NoError(t, l.Release(ctx))
 	})
 
+	t.Run("a_reentry_whose_reply_was_lost_never_shares_a_fence", func(t *testing.T) {
+		t.Parallel()
+		// The holder's earlier Lease wrote its row in this millisecond;
+		// a re-entry of the same holder then sends the same bytes over
+		// the same (absent) row, its write does not apply, and its reply
+		// is lost. Reading back the earlier row must not make it a
+		// second Lease at fence 1.
+		f, first, clk := setupClock(t)
+		f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS")})
+		second, err := runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		assert.Equal(t, uint64(2), second.Fence(), "a re-entry is above the Lease it supersedes")
+		require.ErrorIs(t, first.Renew(ctx), runlease.ErrTakenOver, "the earlier Lease is superseded")
+		require.NoError(t, second.Renew(ctx))
+	})
+
+	t.Run("a_reentry_over_a_released_row_whose_reply_was_lost_never_shares_a_fence", func(t *testing.T) {
+		t.Parallel()
+		// As above, over a released row: the re-entry reads it, the
+		// earlier Lease takes it over at fence 2, and the re-entry's
+		// takeover at fence 2 (the same bytes) does not apply and loses
+		// its reply.
+		f, l, clk := setupClock(t)
+		require.NoError(t, l.Release(ctx))
+		var first *runlease.Lease
+		f.Next(testkit.Fault{Apply: true}) // the create-if-absent, refused: the row exists
+		f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS"), Then: func() {
+			var err error
+			first, err = runlease.Acquire(ctx, f.Store, "r1", "A", runlease.WithClock(clk.Now))
+			require.NoError(t, err)
+			require.Equal(t, uint64(2), first.Fence())
+		}})
+		second, err := runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.NotNil(t, first)
+		assert.Equal(t, uint64(3), second.Fence())
+		require.ErrorIs(t, first.Renew(ctx), runlease.ErrTakenOver)
+		require.NoError(t, second.Renew(ctx))
+	})
+
+	t.Run("an_acquisition_whose_every_reply_is_lost_is_a_fault", func(t *testing.T) {
+		t.Parallel()
+		// Every write of a new run's acquisition lands and loses its
+		// reply: the create, and the two re-entries over what it read.
+		f, _, clk := setupClock(t)
+		for range 3 {
+			f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+		}
+		_, err := runlease.Acquire(ctx, f, "r2", "B", runlease.WithClock(clk.Now))
+		require.ErrorIs(t, err, runlease.ErrOutcomeUnknown, "each read-back could be another Lease's row: reported, not taken")
+		require.NotErrorIs(t, err, runlease.ErrLeaseLost)
+		again, err := runlease.Acquire(ctx, f, "r2", "B", runlease.WithClock(clk.Now))
+		require.NoError(t, err, "the row left is this holder's: retrying re-enters it")
+		assert.Equal(t, uint64(4), again.Fence())
+	})
+
 	t.Run("a_release_whose_reply_was_lost_is_not_undone_by_a_renewal", func(t *testing.T) {
 		t.Parallel()
 		f, l := setup(t)

@@ -201,6 +201,14 @@ var catalog = []mutation{
 		Env: simEnv,
 	},
 	{
+		Name:   "ambiguous-acquire-read-back-taken",
+		File:   "lease.go",
+		Old:    "case raw == next && l.ambiguous >= maxAmbiguousAcquires:\n\t\t\treturn nil, false, err",
+		New:    "case raw == next:",
+		Breaks: "An acquisition whose reply was lost takes the row it reads back as its own, though a re-entry of the same holder may have written the same bytes: two Leases at one fence.",
+		Pkg:    ".", Tests: coreTests, Env: simEnv,
+	},
+	{
 		Name:   "fence-not-raised",
 		File:   "lease.go",
 		Old:    "fence = row.Fence + 1",
