@@ -219,11 +219,18 @@ func (w *World) beginClaim(a *actor, run string) {
 		ctx, cancel := context.WithTimeout(ctx, callTimeout)
 		defer cancel()
 		s, err := w.api.ClaimSlots(ctx, w.lib(), run, specs, w.mode.TTL)
+		var held []HeldSlot
+		if err == nil {
+			// Held reads the store's clock, which takes the store's
+			// mutex: never call it under w.mu, which the store takes
+			// while it holds its own (see applied).
+			held = s.Held()
+		}
 		w.mu.Lock()
 		delete(w.claims, run)
 		if err == nil {
 			a.slots = s
-			for _, h := range s.Held() {
+			for _, h := range held {
 				delete(w.slotLosses, run+"|"+h.Key)
 			}
 		}
