@@ -132,7 +132,7 @@ type PostgresStore struct {
 type pgQueries struct {
 	get, insert, update, del, scan, scanOpen string
 	batchHold, batchApply                    string
-	insertNotify, updateNotify               string
+	notifyWritten                            string
 	casMany                                  string
 }
 
@@ -219,8 +219,7 @@ func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned 
 	}
 	formatBatch(&s.q, t)
 	formatCASMany(&s.q, t)
-	s.q.insertNotify = fmt.Sprintf(pgInsertNotify, t)
-	s.q.updateNotify = fmt.Sprintf(pgUpdateNotify, t)
+	s.q.notifyWritten = fmt.Sprintf(pgNotifyWritten, t)
 	resolved, err := s.prepareTable(ctx, op, t, o.create)
 	if err != nil {
 		return nil, err

@@ -4,19 +4,57 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// Writes that notify: the same conditional writes as MetaCAS, with
-// pg_notify in RETURNING, so a notification is queued exactly when the row
-// is written, and delivered when it commits.
-const (
-	pgInsertNotify = `INSERT INTO %s (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING RETURNING pg_notify($3, $1)`
-	pgUpdateNotify = `UPDATE %s SET value = $3 WHERE key = $1 AND value = $2 RETURNING pg_notify($4, $1)`
-)
+// A write that notifies is the same conditional write as MetaCAS, followed
+// in the same round trip by a transaction of its own that notifies when the
+// row holds what the write stored (see sendThenNotify): the write commits
+// like any other, sharing its WAL flush with concurrent commits, and the
+// notification, which carries the row, commits without a flush. A row
+// equal to the written one that another writer stored first only wakes the
+// waiters once more; they re-read.
+const pgNotifyWritten = `SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2) FROM %s WHERE key = $3 AND value = $4`
+
+// pgPayloadRow leads every notification: pgPayloadRow, the key's length
+// in bytes, ':', the key, then the row written, or nothing when the row is
+// too long for a notification (the subscribers then read it). A payload
+// without it is a bare key, as notifiers that send no rows write.
+const pgPayloadRow = "runlease-row:"
+
+// pgMaxPayload is the longest payload Postgres accepts: it refuses 8000
+// bytes and more. A key ([MaxKeyLen]) always fits.
+const pgMaxPayload = 7999
+
+// pgPayload is the notification for a write of value at key.
+func pgPayload(key, value string) string {
+	head := pgPayloadRow + strconv.Itoa(len(key)) + ":" + key
+	if len(head)+len(value) > pgMaxPayload {
+		return head
+	}
+	return head + value
+}
+
+// pgParsePayload returns the key a notification names, and the row it
+// carries: "" when it is too long to carry, and hasRow false for a bare
+// key.
+func pgParsePayload(payload string) (key, row string, hasRow bool) {
+	rest, ok := strings.CutPrefix(payload, pgPayloadRow)
+	if !ok {
+		return payload, "", false
+	}
+	digits, rest, ok := strings.Cut(rest, ":")
+	n, err := strconv.Atoi(digits)
+	if !ok || err != nil || n <= 0 || n > len(rest) || strconv.Itoa(n) != digits {
+		return payload, "", false
+	}
+	return rest[:n], rest[n:], true
+}
 
 // pgListenRetry is the wait before a failed listener connection is opened
 // again. Waiters poll meanwhile, so a lost notification only costs latency.
@@ -46,7 +84,7 @@ type pgListener struct {
 
 // MetaCASNotify implements [Notifier]: MetaCAS that, when it writes, wakes
 // the key's subscribers in every process sharing the table, through
-// LISTEN/NOTIFY, in the same single statement.
+// LISTEN/NOTIFY, with the row written, in the same round trip.
 func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected *string, value string) (bool, error) {
 	if err := s.check(key); err != nil {
 		return false, err
@@ -54,19 +92,42 @@ func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected 
 	if err := CheckValue(value); err != nil {
 		return false, err
 	}
-	if expected == nil {
-		return s.exec(ctx, "MetaCASNotify", key, s.q.insertNotify, key, value, s.channel)
+	write := pgStmt{s.q.insert, []any{key, value}}
+	if expected != nil {
+		if CheckValue(*expected) != nil {
+			return s.neverMatches(ctx, "MetaCASNotify", key)
+		}
+		write = pgStmt{s.q.update, []any{key, *expected, value}}
 	}
-	if CheckValue(*expected) != nil {
-		return s.neverMatches(ctx, "MetaCASNotify", key)
-	}
-	return s.exec(ctx, "MetaCASNotify", key, s.q.updateNotify, key, *expected, value, s.channel)
+	notify := pgStmt{s.q.notifyWritten, []any{s.channel, pgPayload(key, value), key, value}}
+	var n int64
+	err := s.do(ctx, "MetaCASNotify", key, true, func(c *pgx.Conn) error {
+		res, err := sendThenNotify(ctx, c, notify, write)
+		if err == nil {
+			n = res[0].CommandTag.RowsAffected()
+		}
+		return err
+	})
+	return n == 1, err
 }
 
 // Subscribe implements [Notifier]. The store listens on one connection of
 // its pool while anyone subscribes.
 func (s *PostgresStore) Subscribe(key string) (<-chan struct{}, func()) {
 	ch, cancel := s.listen.subs.subscribe(key)
+	return ch, s.listening(cancel)
+}
+
+// SubscribeRows implements [RowNotifier], as Subscribe does. A row too long
+// for a notification (about 8,000 bytes with its key) wakes without it.
+func (s *PostgresStore) SubscribeRows(key string) (<-chan string, func()) {
+	ch, cancel := s.listen.subs.subscribeRows(key)
+	return ch, s.listening(cancel)
+}
+
+// listening starts the listening goroutine if none runs, and returns the
+// function that ends a subscription whose own cancel is cancel.
+func (s *PostgresStore) listening(cancel func()) func() {
 	s.listen.mu.Lock()
 	if s.listen.cancel == nil && !s.closed.Load() {
 		ctx, stop := context.WithCancel(context.Background())
@@ -74,7 +135,7 @@ func (s *PostgresStore) Subscribe(key string) (<-chan struct{}, func()) {
 		go s.listenLoop(ctx, s.listen.stopped)
 	}
 	s.listen.mu.Unlock()
-	return ch, func() {
+	return func() {
 		cancel()
 		s.stopListening(true)
 	}
@@ -132,6 +193,7 @@ func (s *PostgresStore) listenOnce(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.listen.subs.wake(n.Payload)
+		key, row, ok := pgParsePayload(n.Payload)
+		s.listen.subs.wake(key, row, ok)
 	}
 }

@@ -2,6 +2,7 @@ package runlease_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,5 +128,64 @@ func TestPostgresNotifications(t *testing.T) {
 		require.True(t, ok)
 		requireWake(t, fence, "the store's own notification")
 		requireNoWake(t, ch, "a write to another table")
+	})
+}
+
+// requireRow waits for a wake-up on ch and returns the row it carries.
+func requireRow(t *testing.T, ch <-chan string, what string) string {
+	t.Helper()
+	select {
+	case row := <-ch:
+		return row
+	case <-time.After(wakeBound):
+		t.Fatalf("no wake-up: %s", what)
+		return ""
+	}
+}
+
+// TestPostgresNotificationsCarryTheRow covers SubscribeRows: a write that
+// notifies wakes its key's subscribers in other stores with the row it
+// stored, byte for byte, and one that did not write wakes nobody.
+func TestPostgresNotificationsCarryTheRow(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	table := pgtest.NewTable(t, pgtest.Pool(t))
+	writer, listener := openPG(t, dsn, table), openPG(t, dsn, table)
+	listening(t, listener, "idle")
+	ctx := t.Context()
+
+	for _, c := range []struct{ name, key, value string }{
+		{"a_lease_row", "runlease:r1", `{"holder":"","fence":1,"until_ms":1700000000000}`},
+		{"a_key_that_looks_like_a_payload", "runlease-row:3:abc", "runlease-row:1:x"},
+		{"unicode_and_colons", "k:é:1:", "v:☃:\t\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rows, cancel := listener.SubscribeRows(c.key)
+			defer cancel()
+			ok, err := writer.MetaCASNotify(ctx, c.key, nil, c.value)
+			require.NoError(t, err)
+			require.True(t, ok)
+			require.Equal(t, c.value, requireRow(t, rows, c.name))
+
+			// A write whose condition fails notifies nobody: the next
+			// wake-up is the one after it, with its row.
+			ok, err = writer.MetaCASNotify(ctx, c.key, nil, "other")
+			require.NoError(t, err)
+			require.False(t, ok)
+			ok, err = writer.MetaCASNotify(ctx, c.key, &c.value, c.value+"2")
+			require.NoError(t, err)
+			require.True(t, ok)
+			require.Equal(t, c.value+"2", requireRow(t, rows, c.name+": the second write"))
+		})
+	}
+
+	t.Run("a_row_too_long_for_a_notification_wakes_without_it", func(t *testing.T) {
+		rows, cancel := listener.SubscribeRows("big")
+		defer cancel()
+		big := strings.Repeat("x", 9000)
+		ok, err := writer.MetaCASNotify(ctx, "big", nil, big)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, "", requireRow(t, rows, "a long row"), "woken, and told to read")
 	})
 }

@@ -345,9 +345,17 @@ var catalog = []mutation{
 	{
 		Name:   "postgres-notify-wrong-key",
 		File:   "store_postgres_notify.go",
-		Old:    "RETURNING pg_notify($4, $1)",
-		New:    "RETURNING pg_notify($4, $3)",
+		Old:    "[]any{s.channel, pgPayload(key, value), key, value}",
+		New:    "[]any{s.channel, pgPayload(value, value), key, value}",
 		Breaks: "A Postgres release wakes the waiters of a key named by the new row instead of the released key's, so waiters only poll.",
 		Pkg:    ".", Tests: []string{"TestPostgresNotifications", "TestAcquireWait"}, Postgres: true,
+	},
+	{
+		Name:   "postgres-notify-before-commit",
+		File:   "store_postgres_pin.go",
+		Old:    "\tp.SendPipelineSync()\n\tif err := queue(notify); err != nil {",
+		New:    "\tif err := queue(notify); err != nil {",
+		Breaks: "The notification joins the write's transaction, so a notifying commit holds Postgres's notify lock across its WAL flush again and releases stop sharing flushes; and the reply no longer parses.",
+		Pkg:    ".", Tests: []string{"TestPostgresNotifications", "TestANotificationThatFailsLeavesTheWriteItsOutcome"}, Postgres: true,
 	},
 }
