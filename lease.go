@@ -115,13 +115,14 @@ func Acquire(ctx context.Context, store Store, runID, holder string, opts ...Opt
 	if err != nil {
 		return nil, err
 	}
-	return acquireWith(ctx, store, runID, holder, o, true)
+	return acquireWith(ctx, store, runID, holder, o, true, nil)
 }
 
 // acquireWith is Acquire with its options built. tryCreate makes it try to
 // create the row before reading it, which saves a round trip for a new run
-// and costs one when the row exists.
-func acquireWith(ctx context.Context, store Store, runID, holder string, o options, tryCreate bool) (*Lease, error) {
+// and costs one when the row exists; known, when not nil, is a row it was
+// told the store holds, written over before anything is read.
+func acquireWith(ctx context.Context, store Store, runID, holder string, o options, tryCreate bool, known *string) (*Lease, error) {
 	if err := checkName("runID", runID, maxRunIDLen); err != nil {
 		return nil, err
 	}
@@ -131,7 +132,7 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 	l := &Lease{store: store, runID: runID, key: LeasePrefix + runID, holder: holder, o: o,
 		token: make(chan struct{}, 1)}
 	start := time.Now()
-	err := l.acquire(ctx, tryCreate)
+	err := l.acquire(ctx, tryCreate, known)
 	if h := o.hooks.Acquired; h != nil {
 		h(AcquireEvent{RunID: runID, Holder: holder, Fence: l.fence, Latency: time.Since(start), Err: err})
 	}
@@ -152,11 +153,13 @@ const maxAcquireTries = 1000
 // store that loses every reply, each round would only burn a fence.
 const maxAmbiguousAcquires = 2
 
-// acquire writes the lease row: create-if-absent first when tryCreate, then
-// over the row read, while the row keeps changing under it.
-func (l *Lease) acquire(ctx context.Context, tryCreate bool) error {
-	var cur *string // the row last read; nil when absent
-	read := !tryCreate
+// acquire writes the lease row: over known when given, else
+// create-if-absent first when tryCreate; then over the row read, while the
+// row keeps changing under it.
+func (l *Lease) acquire(ctx context.Context, tryCreate bool, known *string) error {
+	cur := known // the row last read or told of; nil when absent
+	read := known == nil && !tryCreate
+	told := known != nil // cur is a row told of, not read
 	for try := 0; try < maxAcquireTries; try++ {
 		if try >= 8 {
 			if err := sleepCtx(ctx, jitter(time.Duration(min(try, 100))*time.Millisecond)); err != nil {
@@ -176,11 +179,16 @@ func (l *Lease) acquire(ctx context.Context, tryCreate bool) error {
 		fence := uint64(1)
 		if cur != nil {
 			row, err := l.claimable(*cur)
+			if err != nil && told {
+				told, read = false, true // stale news, or a row not free: read the truth
+				continue
+			}
 			if err != nil {
 				return err
 			}
 			fence = row.Fence + 1
 		}
+		told = false
 		next, won, err := l.tryAcquire(ctx, cur, fence)
 		if err != nil || won {
 			return err

@@ -94,7 +94,7 @@ func (s *SQLiteStore) batchOp(ctx context.Context, tx *sql.Tx, op Op) error {
 func (s *SQLiteStore) MetaCASNotify(ctx context.Context, key string, expected *string, value string) (bool, error) {
 	ok, err := s.MetaCAS(ctx, key, expected, value)
 	if ok {
-		s.subs.wake(key)
+		s.subs.wake(key, value, true)
 	}
 	return ok, err
 }
@@ -103,6 +103,11 @@ func (s *SQLiteStore) MetaCASNotify(ctx context.Context, key string, expected *s
 // subscribers, which is every write: one process owns the file.
 func (s *SQLiteStore) Subscribe(key string) (<-chan struct{}, func()) {
 	return s.subs.subscribe(key)
+}
+
+// SubscribeRows implements [RowNotifier], as Subscribe does.
+func (s *SQLiteStore) SubscribeRows(key string) (<-chan string, func()) {
+	return s.subs.subscribeRows(key)
 }
 
 // MetaCASMany implements [MultiCASer] in one transaction: one commit, and

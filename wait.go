@@ -23,6 +23,22 @@ type Notifier interface {
 	Subscribe(key string) (wake <-chan struct{}, cancel func())
 }
 
+// RowNotifier is an optional refinement of [Notifier] whose wake-ups carry
+// the row the waking write stored, so that a waiter woken by a release can
+// take the lease over at once instead of reading the row first: a handoff
+// is then two round trips, the release and the takeover. Both built-in
+// stores implement it. A row carried is a hint like the wake-up itself: the
+// waiter's write is conditional on it, and a row that changed since only
+// costs a read.
+type RowNotifier interface {
+	Notifier
+	// SubscribeRows is Subscribe whose channel receives the row each waking
+	// write stored, or "" when a wake-up carries none (after a reconnect,
+	// say): then the key must be read. A pending wake-up is replaced by a
+	// later one, so a receive yields the latest.
+	SubscribeRows(key string) (rows <-chan string, cancel func())
+}
+
 // DefaultWaitPoll is how often [AcquireWait] retries when nothing wakes it
 // sooner; [WithWaitPoll] changes it.
 const DefaultWaitPoll = time.Second
@@ -57,17 +73,15 @@ func AcquireWait(ctx context.Context, store Store, runID, holder string, opts ..
 	if o.poll < MinWaitPoll {
 		return nil, invalidArg("poll", "%v is shorter than %v", o.poll, MinWaitPoll)
 	}
-	var wake <-chan struct{}
-	if n, ok := store.(Notifier); ok {
-		var cancel func()
-		wake, cancel = n.Subscribe(LeasePrefix + runID)
-		defer cancel()
-	}
+	w := subscribeWait(store, LeasePrefix+runID)
+	defer w.cancel()
+	var known *string // the row a wake-up carried: write over it at once
 	for tryCreate := true; ; tryCreate = false {
 		// After a refusal the row is known to exist: read it first rather
-		// than try to create it, so a woken waiter takes over in two round
-		// trips.
-		l, err := acquireWith(ctx, store, runID, holder, o, tryCreate)
+		// than try to create it (or, woken with the released row, write
+		// over that), so a woken waiter takes over in two round trips, or
+		// one.
+		l, err := acquireWith(ctx, store, runID, holder, o, tryCreate, known)
 		if err != nil && ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -81,24 +95,49 @@ func AcquireWait(ctx context.Context, store Store, runID, holder string, opts ..
 		if untilExpiry := lost.Until.Sub(o.now()); untilExpiry < wait {
 			wait = max(untilExpiry+time.Millisecond, time.Millisecond)
 		}
-		if err := sleepOrWake(ctx, wait, wake); err != nil {
+		if known, err = w.sleep(ctx, wait); err != nil {
 			return nil, err
 		}
 	}
 }
 
-// sleepOrWake waits for d, a wake-up, or the end of ctx, whose error it
-// returns.
-func sleepOrWake(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
+// waitSub is AcquireWait's subscription to its run's wake-ups, if the store
+// has them: rows when it is a [RowNotifier], bare wake-ups when it is only a
+// [Notifier], none otherwise (nil channels, which never fire).
+type waitSub struct {
+	wake   <-chan struct{}
+	rows   <-chan string
+	cancel func()
+}
+
+func subscribeWait(store Store, key string) waitSub {
+	switch n := store.(type) {
+	case RowNotifier:
+		rows, cancel := n.SubscribeRows(key)
+		return waitSub{rows: rows, cancel: cancel}
+	case Notifier:
+		wake, cancel := n.Subscribe(key)
+		return waitSub{wake: wake, cancel: cancel}
+	}
+	return waitSub{cancel: func() {}}
+}
+
+// sleep waits for d, a wake-up, or the end of ctx, whose error it returns.
+// It returns the row a wake-up carried, nil when none did.
+func (w waitSub) sleep(ctx context.Context, d time.Duration) (*string, error) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	case <-t.C:
-	case <-wake:
+	case <-w.wake:
+	case row := <-w.rows:
+		if row != "" {
+			return &row, nil
+		}
 	}
-	return nil
+	return nil, nil
 }
 
 // casNotify is a conditional write that wakes the key's waiters when the
@@ -113,32 +152,68 @@ func casNotify(ctx context.Context, s Store, key string, expected *string, value
 }
 
 // subscribers is the in-process fan-out of wake-ups by key that stores use
-// to implement Subscribe. The zero value is ready to use.
+// to implement Subscribe and SubscribeRows. The zero value is ready to use.
+// mu is a leaf lock: waking sends without blocking.
 type subscribers struct {
 	mu    sync.Mutex
-	byKey map[string]map[chan struct{}]struct{}
+	byKey map[string]map[*subscription]struct{}
 }
 
-// subscribe adds a subscriber of key.
+// subscription is one subscriber: exactly one of its channels is set.
+type subscription struct {
+	wake chan struct{} // Subscribe's
+	rows chan string   // SubscribeRows': the latest row, "" when unknown
+}
+
+// subscribe adds a subscriber of key, for Subscribe.
 func (s *subscribers) subscribe(key string) (ch chan struct{}, cancel func()) {
-	ch = make(chan struct{}, 1)
+	sub := &subscription{wake: make(chan struct{}, 1)}
+	return sub.wake, s.add(key, sub)
+}
+
+// subscribeRows adds a subscriber of key, for SubscribeRows.
+func (s *subscribers) subscribeRows(key string) (ch chan string, cancel func()) {
+	sub := &subscription{rows: make(chan string, 1)}
+	return sub.rows, s.add(key, sub)
+}
+
+func (s *subscribers) add(key string, sub *subscription) (cancel func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.byKey == nil {
-		s.byKey = map[string]map[chan struct{}]struct{}{}
+		s.byKey = map[string]map[*subscription]struct{}{}
 	}
 	if s.byKey[key] == nil {
-		s.byKey[key] = map[chan struct{}]struct{}{}
+		s.byKey[key] = map[*subscription]struct{}{}
 	}
-	s.byKey[key][ch] = struct{}{}
-	return ch, func() {
+	s.byKey[key][sub] = struct{}{}
+	return func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		delete(s.byKey[key], ch)
+		delete(s.byKey[key], sub)
 		if len(s.byKey[key]) == 0 {
 			delete(s.byKey, key)
 		}
 	}
+}
+
+// send wakes sub with row ("" when unknown) without blocking: a pending
+// wake-up is replaced, so a subscriber that was slow to look sees the
+// latest row. s.mu is held, and only send sends, so the buffer has room
+// once drained.
+func (sub *subscription) send(row string) {
+	if sub.wake != nil {
+		select {
+		case sub.wake <- struct{}{}:
+		default:
+		}
+		return
+	}
+	select {
+	case <-sub.rows:
+	default:
+	}
+	sub.rows <- row
 }
 
 // count returns how many subscriptions there are.
@@ -148,28 +223,27 @@ func (s *subscribers) count() int {
 	return len(s.byKey)
 }
 
-// wakeAll wakes every subscriber of every key without blocking.
+// wakeAll wakes every subscriber of every key, without a row: each must
+// re-read.
 func (s *subscribers) wakeAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, chans := range s.byKey {
-		for ch := range chans {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
+	for _, subs := range s.byKey {
+		for sub := range subs {
+			sub.send("")
 		}
 	}
 }
 
-// wake wakes every subscriber of key without blocking.
-func (s *subscribers) wake(key string) {
+// wake wakes every subscriber of key, with the row the waking write stored
+// when hasRow.
+func (s *subscribers) wake(key, row string, hasRow bool) {
+	if !hasRow {
+		row = ""
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for ch := range s.byKey[key] {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+	for sub := range s.byKey[key] {
+		sub.send(row)
 	}
 }

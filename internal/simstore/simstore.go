@@ -59,12 +59,14 @@ type Store struct {
 	broken  []string        // fences that went backwards
 	trace   []string
 	subs    map[string][]chan struct{}
+	rowSubs map[string][]chan string
 }
 
 // New returns an empty store whose faults follow seed and rates.
 func New(seed uint64, rates Rates) *Store {
 	return &Store{seed: seed, rates: rates, rows: map[string]string{}, calls: map[string]int{},
-		applied: map[string]bool{}, subs: map[string][]chan struct{}{}, faulty: true}
+		applied: map[string]bool{}, subs: map[string][]chan struct{}{},
+		rowSubs: map[string][]chan string{}, faulty: true}
 }
 
 // SetFaulty turns fault injection on or off.
@@ -196,6 +198,16 @@ func (s *Store) put(key, value string) {
 		case ch <- struct{}{}:
 		default:
 		}
+	}
+	// Every write wakes the row subscribers with its row, the ones that
+	// did not release as well: a waiter must cope with news of a row it
+	// cannot take, or that changed since.
+	for _, ch := range s.rowSubs[key] {
+		select {
+		case <-ch:
+		default:
+		}
+		ch <- value
 	}
 }
 
@@ -364,6 +376,24 @@ func (s *Store) Subscribe(key string) (<-chan struct{}, func()) {
 		for i, c := range s.subs[key] {
 			if c == ch {
 				s.subs[key] = append(s.subs[key][:i], s.subs[key][i+1:]...)
+				break
+			}
+		}
+	}
+}
+
+// SubscribeRows implements runlease.RowNotifier.
+func (s *Store) SubscribeRows(key string) (<-chan string, func()) {
+	ch := make(chan string, 1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rowSubs[key] = append(s.rowSubs[key], ch)
+	return ch, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for i, c := range s.rowSubs[key] {
+			if c == ch {
+				s.rowSubs[key] = append(s.rowSubs[key][:i], s.rowSubs[key][i+1:]...)
 				break
 			}
 		}
