@@ -50,10 +50,14 @@ func BenchmarkRenew(b *testing.B)          { benchScenario(b, benchkit.Renew) }
 // BenchmarkAcquireReleaseVsPlain is BenchmarkAcquireRelease against a
 // baseline whose release sends no pg_notify: what waking waiters costs.
 func BenchmarkAcquireReleaseVsPlain(b *testing.B) { benchScenario(b, benchkit.AcquireReleasePlain) }
-func BenchmarkWrite(b *testing.B)                 { benchScenario(b, benchkit.Write) }
-func BenchmarkSlotsRenew(b *testing.B)            { benchScenario(b, benchkit.SlotsRenew) }
-func BenchmarkPeek(b *testing.B)                  { benchScenario(b, benchkit.Peek) }
-func BenchmarkOccupancy(b *testing.B)             { benchScenario(b, benchkit.Occupancy) }
+
+// BenchmarkAcquireReleaseVsDelete is BenchmarkAcquireRelease against an
+// INSERT and a DELETE: the cheapest way to take and free a key.
+func BenchmarkAcquireReleaseVsDelete(b *testing.B) { benchScenario(b, benchkit.AcquireReleaseDelete) }
+func BenchmarkWrite(b *testing.B)                  { benchScenario(b, benchkit.Write) }
+func BenchmarkSlotsRenew(b *testing.B)             { benchScenario(b, benchkit.SlotsRenew) }
+func BenchmarkPeek(b *testing.B)                   { benchScenario(b, benchkit.Peek) }
+func BenchmarkOccupancy(b *testing.B)              { benchScenario(b, benchkit.Occupancy) }
 
 // BenchmarkClaimSlots claims the one free slot of a scope whose other
 // slots are all held, then releases it, at limits 1, 10 and 1000: the

@@ -28,7 +28,7 @@ type Scenario struct {
 func Scenarios() []Scenario {
 	return []Scenario{
 		Get, CASCreate, CASSwap, Delete, Scan, Batch,
-		Acquire, AcquireRelease, AcquireReleasePlain, Renew, Write,
+		Acquire, AcquireRelease, AcquireReleasePlain, AcquireReleaseDelete, Renew, Write,
 		Claim(1), Claim(10), Claim(1000), SlotsRenew, Peek, Occupancy,
 	}
 }

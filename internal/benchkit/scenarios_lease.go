@@ -39,9 +39,10 @@ var Acquire = Scenario{
 	},
 }
 
-// AcquireRelease is Acquire of a run id that has no row yet, then Release.
-// The baseline sends the statements the store sends: on Postgres the
-// release's UPDATE carries pg_notify, to wake waiters on other nodes.
+// AcquireRelease is Acquire of a run id that has no row yet, then Release,
+// against the cycle that notifies in the releasing statement itself (on
+// Postgres, UPDATE … RETURNING pg_notify, which is how a release woke
+// waiters on other nodes before it notified in a transaction of its own).
 var AcquireRelease = Scenario{
 	Name: "acquire-release", Title: "Acquire+Release (fresh run id)",
 	BaseDesc: "INSERT … ON CONFLICT DO NOTHING; UPDATE … WHERE key AND value (Postgres: RETURNING pg_notify)",
@@ -60,6 +61,26 @@ var AcquireReleasePlain = Scenario{
 	Store:    acquireRelease,
 	Base: func(ctx context.Context, e *Env, w int) (*Worker, error) {
 		return rawAcquireRelease(e, w, e.Raw.Update), nil
+	},
+}
+
+// AcquireReleaseDelete is AcquireRelease against an INSERT and a DELETE,
+// the cheapest pair of statements that takes and frees a key (the store
+// cannot delete: a released row keeps the fence, so fences never go
+// backwards).
+var AcquireReleaseDelete = Scenario{
+	Name: "acquire-release-delete", Title: "Acquire+Release vs INSERT+DELETE",
+	BaseDesc: "INSERT … ON CONFLICT DO NOTHING; DELETE … WHERE key AND value",
+	Store:    acquireRelease,
+	Base: func(ctx context.Context, e *Env, w int) (*Worker, error) {
+		next := freshRuns(e, "acqrel")
+		return &Worker{Op: func(ctx context.Context) error {
+			key, row := runlease.LeasePrefix+next(), liveRow(Holder(w), 1)
+			if err := must(e.Raw.Insert(ctx, key, row)); err != nil {
+				return err
+			}
+			return must(e.Raw.Delete(ctx, key, row))
+		}}, nil
 	},
 }
 
