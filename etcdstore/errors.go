@@ -1,0 +1,75 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/areev/runlease"
+)
+
+// fault classifies an error of the etcd client as a [*runlease.StorageError].
+//
+// A write is labelled Unknown when it may have been applied: it was sent
+// (sent is true) and etcd did not refuse it. etcd refuses a request before
+// proposing it with InvalidArgument, FailedPrecondition, ResourceExhausted,
+// PermissionDenied, Unauthenticated and the like; everything else after
+// sending (a deadline, a lost connection, "leader changed", "request timed
+// out") leaves the proposal possibly committed.
+//
+// A call whose ctx has ended gives up: its error matches ctx's with
+// errors.Is and is never Retryable, whatever gRPC made of the end of ctx.
+func (s *Store) fault(ctx context.Context, op, key string, write, sent bool, err error) error {
+	if !sent && s.closed.Load() {
+		return runlease.ErrStoreClosed
+	}
+	err = rpctypes.Error(err)
+	code := status.Code(err)
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		code = ee.Code()
+	}
+	cerr := ctx.Err()
+	if cerr != nil && !errors.Is(err, cerr) {
+		err = fmt.Errorf("%w (%w)", err, cerr) // the end of ctx caused it: keep it matchable
+	}
+	se := &runlease.StorageError{Op: op, Key: key, Err: redact(err, s.secret)}
+	se.Unknown = write && sent && !refused(code)
+	se.Retryable = cerr == nil && (code == codes.Unavailable || code == codes.ResourceExhausted ||
+		code == codes.DeadlineExceeded || code == codes.Aborted)
+	return se
+}
+
+// refused reports whether etcd answers with code only for a request it did
+// not apply.
+func refused(code codes.Code) bool {
+	switch code {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange, codes.ResourceExhausted,
+		codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.NotFound, codes.AlreadyExists:
+		return true
+	}
+	return false
+}
+
+// redact keeps secret (the client's password) out of err's text. The etcd
+// client leaves passwords out of its messages; this is a second line of
+// defence.
+func redact(err error, secret string) error {
+	if secret == "" || !strings.Contains(err.Error(), secret) {
+		return err
+	}
+	return &redactedError{err: err, secret: secret}
+}
+
+type redactedError struct {
+	err    error
+	secret string
+}
+
+func (e *redactedError) Error() string { return strings.ReplaceAll(e.err.Error(), e.secret, "xxxxx") }
+func (e *redactedError) Unwrap() error { return e.err }

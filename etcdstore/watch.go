@@ -1,0 +1,152 @@
+package etcdstore
+
+import (
+	"context"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// rewatchDelay is how long a key's watch waits before it starts again after
+// it ended (compaction, a lost leader, a closed stream).
+const rewatchDelay = 100 * time.Millisecond
+
+// keyWatch is the one etcd watch of a key that every subscriber of the key
+// in this store shares. Its fields are guarded by Store.watchMu.
+type keyWatch struct {
+	subs   map[*subscription]struct{}
+	cancel context.CancelFunc
+}
+
+// subscription is one subscriber: exactly one of its channels is set.
+type subscription struct {
+	wake chan struct{} // Subscribe's
+	rows chan string   // SubscribeRows': the latest row, "" when unknown
+}
+
+// Subscribe implements [runlease.Notifier]: the channel receives a value
+// whenever key may have changed. The store watches each key that has
+// subscribers once, however many there are; the watch ends with the last
+// subscription.
+func (s *Store) Subscribe(key string) (<-chan struct{}, func()) {
+	sub := &subscription{wake: make(chan struct{}, 1)}
+	return sub.wake, s.subscribe(key, sub)
+}
+
+// SubscribeRows implements [runlease.RowNotifier]: the channel receives the
+// row each write of key stored, or "" after a delete or when events may have
+// been lost (the watch restarted after a compaction, a lost leader or a
+// reconnect the client could not resume): then the key must be read.
+func (s *Store) SubscribeRows(key string) (<-chan string, func()) {
+	sub := &subscription{rows: make(chan string, 1)}
+	return sub.rows, s.subscribe(key, sub)
+}
+
+func (s *Store) subscribe(key string, sub *subscription) (cancel func()) {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if s.stopped {
+		return func() {} // a closed store wakes no one; waiters poll
+	}
+	if s.watches == nil {
+		s.watches = map[string]*keyWatch{}
+	}
+	w := s.watches[key]
+	if w == nil {
+		ctx, stop := context.WithCancel(context.Background())
+		w = &keyWatch{subs: map[*subscription]struct{}{}, cancel: stop}
+		s.watches[key] = w
+		s.wg.Add(1)
+		go s.watch(ctx, key, w)
+	}
+	w.subs[sub] = struct{}{}
+	return func() {
+		s.watchMu.Lock()
+		defer s.watchMu.Unlock()
+		delete(w.subs, sub)
+		if len(w.subs) == 0 && s.watches[key] == w {
+			delete(s.watches, key)
+			w.cancel()
+		}
+	}
+}
+
+// watch runs the watch of key until ctx ends. Each time a watch is
+// established, every subscriber is woken without a row: a write between
+// its subscription and the watch's start, or between a broken watch and its
+// successor, would otherwise be lost. A lost event costs a read, never a
+// missed hand-over.
+func (s *Store) watch(ctx context.Context, key string, w *keyWatch) {
+	defer s.wg.Done()
+	full := s.o.prefix + key
+	for ctx.Err() == nil {
+		// Each round has a context of its own, so that a watch this loop
+		// gives up on is unregistered even if its channel stays open.
+		round, end := context.WithCancel(ctx)
+		wch := s.client.Watch(clientv3.WithRequireLeader(round), full, clientv3.WithCreatedNotify())
+		for resp := range wch {
+			if resp.Canceled || resp.Err() != nil {
+				break // compacted, no leader, closed: start again
+			}
+			if resp.Created {
+				s.wake(w, "", false)
+				continue
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == clientv3.EventTypePut {
+					s.wake(w, string(ev.Kv.Value), true)
+				} else {
+					s.wake(w, "", false)
+				}
+			}
+		}
+		end()
+		s.wake(w, "", false)
+		select {
+		case <-ctx.Done():
+		case <-time.After(rewatchDelay):
+		}
+	}
+}
+
+// wake sends row to every subscriber of w without blocking: a pending
+// wake-up is replaced, so a slow subscriber sees the latest row.
+func (s *Store) wake(w *keyWatch, row string, hasRow bool) {
+	if !hasRow {
+		row = ""
+	}
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	for sub := range w.subs {
+		sub.send(row)
+	}
+}
+
+// send is called with Store.watchMu held, and only send sends, so the
+// buffer has room once drained.
+func (sub *subscription) send(row string) {
+	if sub.wake != nil {
+		select {
+		case sub.wake <- struct{}{}:
+		default:
+		}
+		return
+	}
+	select {
+	case <-sub.rows:
+	default:
+	}
+	sub.rows <- row
+}
+
+// stopWatches ends every watch and waits for their goroutines.
+func (s *Store) stopWatches() {
+	s.watchMu.Lock()
+	s.stopped = true
+	for key, w := range s.watches {
+		w.cancel()
+		delete(s.watches, key)
+	}
+	s.watchMu.Unlock()
+	s.wg.Wait()
+}
