@@ -13,5 +13,6 @@ func TestConformance(t *testing.T) {
 	storetest.RunWith(t, storetest.Harness{
 		New:    func(t *testing.T) runlease.Store { return newStore(t) },
 		Reopen: func(t *testing.T, s runlease.Store) runlease.Store { return reopen(t, s.(*etcdstore.Store)) },
+		Faulty: faultyStore,
 	})
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // Version is the etcd server version the tests run; internal/etcdbin's
@@ -192,7 +193,7 @@ func (c *Cluster) waitHealthy(timeout time.Duration) error {
 
 // ping makes a linearizable read through ep alone, which needs a leader.
 func ping(ep string) error {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 2 * time.Second})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return err
 	}
@@ -224,7 +225,7 @@ func (c *Cluster) Stop() {
 
 // Client returns a new client of every member; the caller closes it.
 func (c *Cluster) Client() (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second})
+	return clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 }
 
 // freePorts returns n loopback ports that were free a moment ago.
@@ -245,4 +246,9 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// Member returns the host:port of member i's client URL.
+func (c *Cluster) Member(i int) string {
+	return strings.TrimPrefix(c.Endpoints()[i], "http://")
 }
