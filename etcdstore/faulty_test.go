@@ -56,7 +56,9 @@ func faultyStore(t *testing.T) storetest.FaultyStore {
 		case storetest.FaultBeforeApply:
 			proxy.Cut()
 			waitNotReady(client)
-			timer = time.AfterFunc(cutWait, f.Cancel)
+			if f.Cancel != nil {
+				timer = time.AfterFunc(cutWait, f.Cancel)
+			}
 		case storetest.FaultAfterApply:
 			proxy.DropAfterRequest(applyTime)
 		}

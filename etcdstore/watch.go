@@ -7,9 +7,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// rewatchDelay is how long a key's watch waits before it starts again after
-// it ended (compaction, a lost leader, a closed stream).
-const rewatchDelay = 100 * time.Millisecond
+// A key's watch that ended (compaction, a lost leader, a closed stream)
+// starts again after a delay that doubles from minRewatch to maxRewatch
+// while the watch keeps failing before it is established, so that a cluster
+// without a leader is not asked to watch in a tight loop.
+const (
+	minRewatch = 100 * time.Millisecond
+	maxRewatch = 5 * time.Second
+)
 
 // keyWatch is the one etcd watch of a key that every subscriber of the key
 // in this store shares. Its fields are guarded by Store.watchMu.
@@ -79,6 +84,7 @@ func (s *Store) subscribe(key string, sub *subscription) (cancel func()) {
 func (s *Store) watch(ctx context.Context, key string, w *keyWatch) {
 	defer s.wg.Done()
 	full := s.o.prefix + key
+	delay := minRewatch
 	for ctx.Err() == nil {
 		// Each round has a context of its own, so that a watch this loop
 		// gives up on is unregistered even if its channel stays open.
@@ -89,6 +95,7 @@ func (s *Store) watch(ctx context.Context, key string, w *keyWatch) {
 				break // compacted, no leader, closed: start again
 			}
 			if resp.Created {
+				delay = minRewatch
 				s.wake(w, "", false)
 				continue
 			}
@@ -104,8 +111,9 @@ func (s *Store) watch(ctx context.Context, key string, w *keyWatch) {
 		s.wake(w, "", false)
 		select {
 		case <-ctx.Done():
-		case <-time.After(rewatchDelay):
+		case <-time.After(delay):
 		}
+		delay = min(2*delay, maxRewatch)
 	}
 }
 
