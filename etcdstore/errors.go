@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
@@ -35,6 +36,12 @@ func (s *Store) fault(ctx context.Context, op, key string, write, sent bool, err
 		code = ee.Code()
 	}
 	cerr := ctx.Err()
+	if dl, ok := ctx.Deadline(); ok && cerr == nil && !time.Now().Before(dl) {
+		// gRPC hands the deadline to the server, whose timer can fire
+		// ("request timed out") and answer before this process's timer
+		// has ended ctx: the deadline caused the fault all the same.
+		cerr = context.DeadlineExceeded
+	}
 	if cerr != nil && !errors.Is(err, cerr) {
 		err = fmt.Errorf("%w (%w)", err, cerr) // the end of ctx caused it: keep it matchable
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -54,6 +55,15 @@ func TestFaultLabels(t *testing.T) {
 		assert.False(t, se.Retryable)
 	})
 
+	t.Run("a_server_timeout_at_the_callers_deadline_matches_the_deadline", func(t *testing.T) {
+		// The server's timer may answer before ctx is marked done.
+		ctx, cancel := context.WithDeadline(context.WithoutCancel(context.Background()), time.Now().Add(-time.Millisecond))
+		defer cancel()
+		err := s.fault(noDoneYet{ctx}, "MetaCASMany", "", true, true, rpctypes.ErrGRPCTimeout)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.True(t, runlease.IsOutcomeUnknown(err))
+	})
+
 	t.Run("the_clients_password_never_reaches_a_message", func(t *testing.T) {
 		s := &Store{secret: "hunter2"}
 		cause := errors.New("auth failed for root:hunter2")
@@ -62,3 +72,9 @@ func TestFaultLabels(t *testing.T) {
 		assert.ErrorIs(t, err, cause, "the driver's error is still reachable")
 	})
 }
+
+// noDoneYet is a context whose deadline has passed but that does not say
+// so yet, as a context is between its deadline and its timer firing.
+type noDoneYet struct{ context.Context }
+
+func (noDoneYet) Err() error { return nil }

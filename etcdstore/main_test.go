@@ -48,7 +48,7 @@ func TestMain(m *testing.M) {
 
 // requireCluster returns the shared cluster, or skips t when there is none
 // (outside CI only: TestMain fails the binary in CI).
-func requireCluster(t *testing.T) *etcdtest.Cluster {
+func requireCluster(t testing.TB) *etcdtest.Cluster {
 	t.Helper()
 	if cluster == nil {
 		t.Skipf("no etcd cluster (set CI=true to make this a failure): %v", clusterErr)
@@ -59,7 +59,7 @@ func requireCluster(t *testing.T) *etcdtest.Cluster {
 var prefixes atomic.Int64
 
 // newClient returns a client of every member, closed at cleanup.
-func newClient(t *testing.T) *clientv3.Client {
+func newClient(t testing.TB) *clientv3.Client {
 	t.Helper()
 	c, err := requireCluster(t).Client()
 	require.NoError(t, err)
@@ -68,14 +68,14 @@ func newClient(t *testing.T) *clientv3.Client {
 }
 
 // newStore returns a store on a fresh prefix, through a client of its own.
-func newStore(t *testing.T, opts ...etcdstore.Option) *etcdstore.Store {
+func newStore(t testing.TB, opts ...etcdstore.Option) *etcdstore.Store {
 	t.Helper()
 	prefix := fmt.Sprintf("test/%d/", prefixes.Add(1))
 	return storeOn(t, newClient(t), append([]etcdstore.Option{etcdstore.WithPrefix(prefix)}, opts...)...)
 }
 
 // storeOn returns a store through client, closed at cleanup.
-func storeOn(t *testing.T, client *clientv3.Client, opts ...etcdstore.Option) *etcdstore.Store {
+func storeOn(t testing.TB, client *clientv3.Client, opts ...etcdstore.Option) *etcdstore.Store {
 	t.Helper()
 	s, err := etcdstore.New(client, opts...)
 	require.NoError(t, err)
@@ -85,7 +85,7 @@ func storeOn(t *testing.T, client *clientv3.Client, opts ...etcdstore.Option) *e
 
 // reopen returns a second store on s's prefix, through a client of its own,
 // as another node would have.
-func reopen(t *testing.T, s *etcdstore.Store) *etcdstore.Store {
+func reopen(t testing.TB, s *etcdstore.Store) *etcdstore.Store {
 	t.Helper()
 	return storeOn(t, newClient(t), etcdstore.WithPrefix(s.Prefix()), etcdstore.WithMaxTxnOps(s.MaxTxnOps()))
 }
