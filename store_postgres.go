@@ -125,6 +125,7 @@ type PostgresStore struct {
 	clock   *pgClock
 	channel string // the table's LISTEN/NOTIFY channel, from its resolved name
 	listen  pgListener
+	waiters pgWaiters // the marks of the keys this store's subscribers wait on
 	closed  atomic.Bool
 }
 
@@ -132,7 +133,8 @@ type PostgresStore struct {
 type pgQueries struct {
 	get, insert, update, del, scan, scanOpen string
 	batchHold, batchApply                    string
-	notifyWritten                            string
+	insertNotify, updateNotify               string
+	markPut, markDelete, markExpired         string
 	casMany                                  string
 }
 
@@ -204,10 +206,11 @@ func pgApply(opts []PostgresOption) (pgOptions, pgx.Identifier, error) {
 func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned bool, o pgOptions, id pgx.Identifier) (*PostgresStore, error) {
 	t := id.Sanitize()
 	s := &PostgresStore{
-		pool:   pool,
-		owned:  owned,
-		table:  o.table,
-		secret: pool.Config().ConnConfig.Password,
+		waiters: newPgWaiters(),
+		pool:    pool,
+		owned:   owned,
+		table:   o.table,
+		secret:  pool.Config().ConnConfig.Password,
 		q: pgQueries{
 			get:      fmt.Sprintf(pgGet, t),
 			insert:   fmt.Sprintf(pgInsert, t),
@@ -219,7 +222,9 @@ func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned 
 	}
 	formatBatch(&s.q, t)
 	formatCASMany(&s.q, t)
-	s.q.notifyWritten = fmt.Sprintf(pgNotifyWritten, t)
+	s.q.insertNotify = fmt.Sprintf(pgInsertNotify, t)
+	s.q.updateNotify = fmt.Sprintf(pgUpdateNotify, t)
+	formatMarks(&s.q, t)
 	resolved, err := s.prepareTable(ctx, op, t, o.create)
 	if err != nil {
 		return nil, err

@@ -12,14 +12,16 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A write that notifies is the same conditional write as MetaCAS, followed
-// in the same round trip by a transaction of its own that notifies when the
-// row holds what the write stored (see sendThenNotify): the write commits
-// like any other, sharing its WAL flush with concurrent commits, and the
-// notification, which carries the row, commits without a flush. A row
-// equal to the written one that another writer stored first only wakes the
-// waiters once more; they re-read.
-const pgNotifyWritten = `SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2) FROM %s WHERE key = $3 AND value = $4`
+// Writes that notify: the same conditional writes as MetaCAS, whose
+// RETURNING notifies when the key has a live mark (see
+// store_postgres_waiters.go), so a notification is queued exactly when the
+// row is written and someone waits, and delivered when it commits.
+const (
+	pgInsertNotify = `INSERT INTO %[1]s (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING
+RETURNING CASE WHEN EXISTS (SELECT 1 FROM %[1]s w WHERE w.key >= $3 AND w.key < $4 AND w.value > $5) THEN pg_notify($6, $7) END`
+	pgUpdateNotify = `UPDATE %[1]s SET value = $3 WHERE key = $1 AND value = $2
+RETURNING CASE WHEN EXISTS (SELECT 1 FROM %[1]s w WHERE w.key >= $4 AND w.key < $5 AND w.value > $6) THEN pg_notify($7, $8) END`
+)
 
 // pgPayloadRow leads every notification: pgPayloadRow, the key's length
 // in bytes, ':', the key, then the row written, or nothing when the row is
@@ -82,9 +84,9 @@ type pgListener struct {
 	stopped chan struct{}      // closed when it has exited
 }
 
-// MetaCASNotify implements [Notifier]: MetaCAS that, when it writes, wakes
-// the key's subscribers in every process sharing the table, through
-// LISTEN/NOTIFY, with the row written, in the same round trip.
+// MetaCASNotify implements [Notifier]: MetaCAS that, when it writes while
+// a subscriber in any process sharing the table waits on key, wakes it
+// through LISTEN/NOTIFY with the row written, in the same statement.
 func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected *string, value string) (bool, error) {
 	if err := s.check(key); err != nil {
 		return false, err
@@ -92,19 +94,23 @@ func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected 
 	if err := CheckValue(value); err != nil {
 		return false, err
 	}
-	write := pgStmt{s.q.insert, []any{key, value}}
+	now, _ := s.ClockNow()
+	from, to := pgMarkRange(key)
+	marks := []any{from, to, pgMarkTime(now.UnixMilli()), s.channel, pgPayload(key, value)}
+	write := pgStmt{s.q.insertNotify, append([]any{key, value}, marks...)}
 	if expected != nil {
 		if CheckValue(*expected) != nil {
 			return s.neverMatches(ctx, "MetaCASNotify", key)
 		}
-		write = pgStmt{s.q.update, []any{key, *expected, value}}
+		write = pgStmt{s.q.updateNotify, append([]any{key, *expected, value}, marks...)}
 	}
-	notify := pgStmt{s.q.notifyWritten, []any{s.channel, pgPayload(key, value), key, value}}
 	var n int64
 	err := s.do(ctx, "MetaCASNotify", key, true, func(c *pgx.Conn) error {
-		res, err := sendThenNotify(ctx, c, notify, write)
+		// The write's own pin (pgPinNotify) replaces send's durability
+		// pin: it pins durability too, and takes the key's lock.
+		res, err := send(ctx, c, false, pgStmt{pgPinNotify, []any{pgMarkLockKey(s.channel, key)}}, write)
 		if err == nil {
-			n = res[0].CommandTag.RowsAffected()
+			n = res[1].CommandTag.RowsAffected()
 		}
 		return err
 	})
@@ -115,29 +121,49 @@ func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected 
 // its pool while anyone subscribes.
 func (s *PostgresStore) Subscribe(key string) (<-chan struct{}, func()) {
 	ch, cancel := s.listen.subs.subscribe(key)
-	return ch, s.listening(cancel)
+	return ch, s.listening(key, cancel)
 }
 
 // SubscribeRows implements [RowNotifier], as Subscribe does. A row too long
 // for a notification (about 8,000 bytes with its key) wakes without it.
 func (s *PostgresStore) SubscribeRows(key string) (<-chan string, func()) {
 	ch, cancel := s.listen.subs.subscribeRows(key)
-	return ch, s.listening(cancel)
+	return ch, s.listening(key, cancel)
 }
 
-// listening starts the listening goroutine if none runs, and returns the
-// function that ends a subscription whose own cancel is cancel.
-func (s *PostgresStore) listening(cancel func()) func() {
+// listening marks key as waited on and starts the listening goroutines if
+// none run, and returns the function that ends a subscription of key whose
+// own cancel is cancel.
+func (s *PostgresStore) listening(key string, cancel func()) func() {
+	s.waiters.add(key)
 	s.listen.mu.Lock()
 	if s.listen.cancel == nil && !s.closed.Load() {
 		ctx, stop := context.WithCancel(context.Background())
-		s.listen.cancel, s.listen.stopped = stop, make(chan struct{})
-		go s.listenLoop(ctx, s.listen.stopped)
+		stopped := make(chan struct{})
+		s.listen.cancel, s.listen.stopped = stop, stopped
+		// Keys are marked only once the store listens: a mark asks
+		// writers to notify, and the wake-up that follows it makes its
+		// subscribers read what they may have missed until then.
+		ready := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() { s.listenLoop(ctx, ready) })
+		wg.Go(func() {
+			select {
+			case <-ready:
+				s.markLoop(ctx)
+			case <-ctx.Done():
+			}
+		})
+		go func() { wg.Wait(); close(stopped) }()
 	}
 	s.listen.mu.Unlock()
+	var once sync.Once
 	return func() {
-		cancel()
-		s.stopListening(true)
+		once.Do(func() {
+			cancel()
+			s.waiters.remove(key)
+			s.stopListening(true)
+		})
 	}
 }
 
@@ -160,10 +186,11 @@ func (s *PostgresStore) stopListening(ifIdle bool) {
 
 // listenLoop keeps a LISTEN connection until ctx ends, reconnecting after
 // failures.
-func (s *PostgresStore) listenLoop(ctx context.Context, stopped chan struct{}) {
-	defer close(stopped)
+func (s *PostgresStore) listenLoop(ctx context.Context, ready chan struct{}) {
+	var once sync.Once
+	up := func() { once.Do(func() { close(ready) }) }
 	for ctx.Err() == nil {
-		s.listenOnce(ctx) // returns on a fault, after which it reconnects
+		s.listenOnce(ctx, up) // returns on a fault, after which it reconnects
 		if ctx.Err() != nil {
 			return
 		}
@@ -177,7 +204,7 @@ func (s *PostgresStore) listenLoop(ctx context.Context, stopped chan struct{}) {
 
 // listenOnce listens on one connection until it fails or ctx ends. The
 // connection is closed rather than returned to the pool: it is subscribed.
-func (s *PostgresStore) listenOnce(ctx context.Context) error {
+func (s *PostgresStore) listenOnce(ctx context.Context, up func()) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -187,6 +214,7 @@ func (s *PostgresStore) listenOnce(ctx context.Context) error {
 	if _, err := c.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
 		return err
 	}
+	up()
 	s.listen.subs.wakeAll() // anything released before LISTEN took effect
 	for {
 		n, err := c.WaitForNotification(ctx)

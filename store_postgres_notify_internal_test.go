@@ -1,8 +1,12 @@
 package runlease
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -43,28 +47,130 @@ func TestPostgresPayloadOfABareKey(t *testing.T) {
 	}
 }
 
-// TestANotificationThatFailsLeavesTheWriteItsOutcome: the notification is
-// a transaction of its own after the write's; when it fails, the write has
-// landed all the same, and is reported as landed.
-func TestANotificationThatFailsLeavesTheWriteItsOutcome(t *testing.T) {
+// TestAWriteNobodyWaitsForNotifiesNobody: a write notifies only when its key
+// is marked as waited on, so that releases nobody waits for do not take
+// Postgres's notify lock. A listener of the table's channel that marks
+// nothing hears every notification sent: in commit order, the first it
+// hears is the write of the key waited on, though another was written first.
+func TestAWriteNobodyWaitsForNotifiesNobody(t *testing.T) {
 	t.Parallel()
-	s, err := NewPostgres(t.Context(), pgtest.Pool(t), WithTable(pgtest.NewTable(t, pgtest.Pool(t))))
+	pool := pgtest.Pool(t)
+	s, err := NewPostgres(t.Context(), pool, WithTable(pgtest.NewTable(t, pool)))
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
-	s.channel = strings.Repeat("c", 100) // Postgres refuses channel names this long
 	ctx := t.Context()
-	ok, err := s.MetaCASNotify(ctx, "k", nil, "v1")
+	conn, err := pgx.Connect(ctx, pgtest.DSN(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize())
+	require.NoError(t, err)
+
+	rows, cancel := s.SubscribeRows("waited")
+	defer cancel()
+	require.Eventually(t, func() bool {
+		marks, err := s.MetaScan(ctx, WaitPrefix+"waited"+pgMarkSep)
+		return err == nil && len(marks) == 1
+	}, 30*time.Second, 5*time.Millisecond)
+	ok, err := s.MetaCASNotify(ctx, "nobody", nil, "v")
 	require.NoError(t, err)
 	require.True(t, ok)
-	v := "v1"
-	ok, err = s.MetaCASNotify(ctx, "k", &v, "v2")
+	ok, err = s.MetaCASNotify(ctx, "waited", nil, "w")
 	require.NoError(t, err)
 	require.True(t, ok)
-	got, found, err := s.MetaGet(ctx, "k")
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	n, err := conn.WaitForNotification(wctx)
 	require.NoError(t, err)
-	require.True(t, found)
-	require.Equal(t, "v2", got)
-	ok, err = s.MetaCASNotify(ctx, "k", &v, "v3")
+	key, row, _ := pgParsePayload(n.Payload)
+	assert.Equal(t, "waited", key, "the write nobody waited for notified")
+	assert.Equal(t, "w", row)
+	_ = rows
+
+	cancel()
+	require.Eventually(t, func() bool {
+		marks, err := s.MetaScan(ctx, WaitPrefix)
+		return err == nil && len(marks) == 0
+	}, 30*time.Second, 5*time.Millisecond, "the last subscription's end deletes its mark")
+}
+
+// TestExpiredMarksAreSwept: a process that died leaves its marks; a store
+// that waits deletes them once expired, and a live one is left alone.
+func TestExpiredMarksAreSwept(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	s, err := NewPostgres(t.Context(), pool, WithTable(pgtest.NewTable(t, pool)))
 	require.NoError(t, err)
-	require.False(t, ok, "a condition that fails is still a refusal")
+	t.Cleanup(func() { s.Close() })
+	ctx := t.Context()
+	now, _ := s.ClockNow()
+	dead := WaitPrefix + "r1" + pgMarkSep + "dead"
+	alive := WaitPrefix + "r1" + pgMarkSep + "alive"
+	for key, until := range map[string]int64{dead: now.UnixMilli() - 1000, alive: now.Add(time.Hour).UnixMilli()} {
+		ok, err := s.MetaCAS(ctx, key, nil, pgMarkTime(until))
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	_, cancel := s.Subscribe("other")
+	defer cancel()
+	require.Eventually(t, func() bool {
+		_, found, err := s.MetaGet(ctx, dead)
+		return err == nil && !found
+	}, 30*time.Second, 5*time.Millisecond, "the expired mark was not swept")
+	_, found, err := s.MetaGet(ctx, alive)
+	require.NoError(t, err)
+	assert.True(t, found, "a live mark of another store is left alone")
+}
+
+// TestAMarkWaitsForANotifyingWriteInFlight: a notifying write whose
+// statement ran before a subscriber's mark existed, and has not committed,
+// holds the mark back until it commits, so that the mark's wake-up reads
+// the written row (nothing else would tell the subscriber of it).
+func TestAMarkWaitsForANotifyingWriteInFlight(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	s, err := NewPostgres(t.Context(), pool, WithTable(pgtest.NewTable(t, pool)))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	ctx := t.Context()
+	ok, err := s.MetaCAS(ctx, "k", nil, "old")
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	// The write, by hand, in a transaction left open: the store's own
+	// statements, from the pin on.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(context.Background())
+	_, err = tx.Exec(ctx, pgPinNotify, pgMarkLockKey(s.channel, "k"))
+	require.NoError(t, err)
+	now, _ := s.ClockNow()
+	from, to := pgMarkRange("k")
+	tag, err := tx.Exec(ctx, s.q.updateNotify, "k", "old", "new", from, to, pgMarkTime(now.UnixMilli()), s.channel, pgPayload("k", "new"))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), tag.RowsAffected())
+
+	rows, cancel := s.SubscribeRows("k")
+	defer cancel()
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%pg_advisory_xact_lock(k)%'`).Scan(&n)
+		return err == nil && n > 0
+	}, 30*time.Second, 5*time.Millisecond, "the mark did not wait for the write in flight")
+	require.NoError(t, tx.Commit(ctx))
+
+	deadline := time.After(30 * time.Second)
+	for marked := false; !marked; {
+		select {
+		case <-rows: // the listener starting, then the mark landing
+		case <-deadline:
+			t.Fatal("the mark never landed")
+		}
+		marks, err := s.MetaScan(ctx, WaitPrefix+"k"+pgMarkSep)
+		require.NoError(t, err)
+		marked = len(marks) == 1
+	}
+	got, _, err := s.MetaGet(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, "new", got, "the mark's wake-up reads the write that missed it")
 }

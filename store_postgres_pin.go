@@ -1,7 +1,6 @@
 package runlease
 
 import (
-	"cmp"
 	"context"
 	"errors"
 
@@ -45,83 +44,6 @@ const (
 type pgStmt struct {
 	sql  string
 	args []any
-}
-
-// sendThenNotify runs stmts as send does and, in the same write (one round
-// trip), a second transaction after the first one's Sync: notify, which
-// wakes listeners. The second transaction commits with synchronous_commit
-// off, so it has no WAL flush to wait for: Postgres holds the lock that
-// orders notifying commits until the commit's flush is done, so a write
-// that notified in its own transaction could not share its flush with
-// concurrent commits (group commit). A notification is a hint, so it need
-// not be durable; the write is, and its result is the first transaction's.
-// What becomes of the second (a fault, a broken connection after the first
-// replied) is not the write's outcome: it only costs a waiter a poll.
-func sendThenNotify(ctx context.Context, c *pgx.Conn, notify pgStmt, stmts ...pgStmt) ([]*pgconn.Result, error) {
-	p := c.PgConn().StartPipeline(ctx)
-	queue := func(st pgStmt) error {
-		var b pgx.ExtendedQueryBuilder
-		if err := b.Build(c.TypeMap(), nil, st.args); err != nil {
-			return err
-		}
-		p.SendQueryParams(st.sql, b.ParamValues, nil, b.ParamFormats, nil)
-		return nil
-	}
-	p.SendQueryParams(pgPinIsolation, nil, nil, nil, nil)
-	p.SendQueryParams(pgPinDurable, nil, nil, nil, nil)
-	for _, st := range stmts {
-		if err := queue(st); err != nil {
-			p.Close()
-			return nil, err
-		}
-	}
-	p.SendPipelineSync()
-	if err := queue(notify); err != nil {
-		p.Close()
-		return nil, err
-	}
-	p.SendPipelineSync()
-	if err := p.Flush(); err != nil {
-		p.Close()
-		return nil, err
-	}
-	const pins = 2
-	var results []*pgconn.Result
-	var first error
-	for {
-		r, err := p.GetResults()
-		var pgErr *pgconn.PgError
-		if err != nil && !errors.As(err, &pgErr) {
-			p.Close()
-			return nil, err // the connection failed: the outcome is not known
-		}
-		if err != nil {
-			first = cmp.Or(first, err) // the server rolled the transaction back
-			continue
-		}
-		switch r := r.(type) {
-		case *pgconn.ResultReader:
-			res := r.Read()
-			if res.Err != nil && !errors.As(res.Err, &pgErr) {
-				p.Close()
-				return nil, res.Err
-			}
-			first = cmp.Or(first, res.Err)
-			results = append(results, res)
-		case *pgconn.PipelineSync:
-			_ = p.Close() // the notifying transaction: see above
-			if first != nil {
-				return nil, first
-			}
-			if len(results) != pins+len(stmts) {
-				return nil, errors.New("unexpected reply: wrong number of results")
-			}
-			return results[pins:], nil
-		case nil:
-			p.Close()
-			return nil, errors.New("unexpected reply: no results before the Sync")
-		}
-	}
 }
 
 // send runs stmts on c as one implicit transaction, led by the pins (the

@@ -68,12 +68,12 @@ func TestAcquireWait(t *testing.T) {
 		// The listener is up before the waiter's first read, and the poll is
 		// an hour away: once the waiter has seen A's live lease, only a
 		// notification of r1 can wake it within the test.
-		otherKey := listening(t, waiterNode.PostgresStore, runlease.LeasePrefix+"r2")
+		otherKey := subscribeMarked(t, waiterNode.PostgresStore, runlease.LeasePrefix+"r2")
 		done := waitFor(t.Context(), waiterNode, "r1", "B", hour)
 		awaitRead(t, waiterNode, runlease.LeasePrefix+"r1")
 		require.NoError(t, a.Release(t.Context()))
 		requireWoken(t, done)
-		requireNoWake(t, otherKey, "a waiter of another run")
+		requireNoRow(t, otherKey, "a waiter of another run")
 	})
 
 	t.Run("a_force_release_wakes_a_waiter", func(t *testing.T) {

@@ -351,11 +351,11 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestPostgresNotifications", "TestAcquireWait"}, Postgres: true,
 	},
 	{
-		Name:   "postgres-notify-before-commit",
-		File:   "store_postgres_pin.go",
-		Old:    "\tp.SendPipelineSync()\n\tif err := queue(notify); err != nil {",
-		New:    "\tif err := queue(notify); err != nil {",
-		Breaks: "The notification joins the write's transaction, so a notifying commit holds Postgres's notify lock across its WAL flush again and releases stop sharing flushes; and the reply no longer parses.",
-		Pkg:    ".", Tests: []string{"TestPostgresNotifications", "TestANotificationThatFailsLeavesTheWriteItsOutcome"}, Postgres: true,
+		Name:   "postgres-marks-never-written",
+		File:   "store_postgres_waiters.go",
+		Old:    "if len(put) > 0 && s.putMarks(",
+		New:    "if false && s.putMarks(",
+		Breaks: "A Postgres store never marks the keys its subscribers wait on, so no release notifies them and waiters only poll.",
+		Pkg:    ".", Tests: []string{"TestPostgresNotifications"}, Postgres: true,
 	},
 }
