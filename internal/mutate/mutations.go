@@ -345,8 +345,8 @@ var catalog = []mutation{
 	{
 		Name:   "postgres-notify-wrong-key",
 		File:   "store_postgres_notify.go",
-		Old:    "[]any{s.channel, pgPayload(key, value), key, value}",
-		New:    "[]any{s.channel, pgPayload(value, value), key, value}",
+		Old:    "s.channel, pgPayload(key, value)}",
+		New:    "s.channel, pgPayload(value, value)}",
 		Breaks: "A Postgres release wakes the waiters of a key named by the new row instead of the released key's, so waiters only poll.",
 		Pkg:    ".", Tests: []string{"TestPostgresNotifications", "TestAcquireWait"}, Postgres: true,
 	},
