@@ -133,6 +133,7 @@ type PostgresStore struct {
 type pgQueries struct {
 	get, insert, update, del, scan, scanOpen string
 	batchHold, batchApply                    string
+	batchFenced, batchFencedOne              string
 	insertNotify, updateNotify               string
 	markPut, markDelete, markExpired         string
 	casMany                                  string

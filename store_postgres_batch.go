@@ -15,9 +15,10 @@ import (
 )
 
 // A batch in the shape of a fenced write is one statement (pgBatchFenced
-// and pgBatchFencedOne below). Any other batch is two statements sent together in one round trip,
-// which Postgres runs as one implicit transaction (the extended protocol's
-// single Sync), after the pins of every write (see send).
+// and pgBatchFencedOne below). Any other batch is two statements sent
+// together in one round trip, which Postgres runs as one implicit
+// transaction (the extended protocol's single Sync), after the pins of
+// every write (see send).
 //
 // The first takes every key of the batch, one key after another in key
 // order: it locks the key's row, or, when the key is absent, inserts a
@@ -254,9 +255,9 @@ func (s *PostgresStore) sendFenced(ctx context.Context, c *pgx.Conn, f *pgFenced
 	case 0:
 		st = pgStmt{s.q.update, []any{f.key, f.expected, f.value}}
 	case 1:
-		st = pgStmt{s.fencedSQL(pgBatchFencedOne), []any{f.key, f.expected, f.value, f.keys[0], f.values[0]}}
+		st = pgStmt{s.q.batchFencedOne, []any{f.key, f.expected, f.value, f.keys[0], f.values[0]}}
 	default:
-		st = pgStmt{s.fencedSQL(pgBatchFenced), []any{f.key, f.expected, f.value, f.keys, f.values}}
+		st = pgStmt{s.q.batchFenced, []any{f.key, f.expected, f.value, f.keys, f.values}}
 	}
 	want := int64(max(len(f.keys), 1))
 	res, err := send(ctx, c, true, st)
@@ -270,13 +271,6 @@ func (s *PostgresStore) sendFenced(ctx context.Context, c *pgx.Conn, f *pgFenced
 		return true, nil
 	}
 	return false, errors.New("unexpected reply to a batch")
-}
-
-// fencedSQL returns a fenced statement for the store's table, formatted at
-// each call: about a microsecond, against a round trip of hundreds of them.
-func (s *PostgresStore) fencedSQL(stmt string) string {
-	id, _ := pgTableIdent(s.table) // checked at open
-	return fmt.Sprintf(stmt, id.Sanitize())
 }
 
 // pgBatchArgs lays a batch out as the arrays the statements take: $1 every
@@ -323,4 +317,6 @@ func deref(p *string) string {
 func formatBatch(q *pgQueries, table string) {
 	q.batchHold = fmt.Sprintf(pgBatchHold, table)
 	q.batchApply = fmt.Sprintf(pgBatchApply, table)
+	q.batchFenced = fmt.Sprintf(pgBatchFenced, table)
+	q.batchFencedOne = fmt.Sprintf(pgBatchFencedOne, table)
 }
