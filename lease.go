@@ -83,11 +83,6 @@ type Lease struct {
 	released  bool  // the row is released at this lease's fence
 	releasing bool  // Release was called: nothing but Release may write
 	keepers   []*Keeper
-
-	// ambiguous counts, during acquisition only, the writes whose outcome
-	// was unknown and whose read-back could not tell them from another
-	// Lease's (see tryAcquire).
-	ambiguous int
 }
 
 // Acquire takes the lease on runID for holder, or fails with a
@@ -148,9 +143,9 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 const maxAcquireTries = 1000
 
 // maxAmbiguousAcquires bounds how many times in one Acquire a write whose
-// outcome was unknown, read back as the row it would have written, is
-// re-entered over at the next fence. Past it the fault is returned: on a
-// store that loses every reply, each round would only burn a fence.
+// outcome was unknown, read back as the row it sent, is re-entered over at
+// the next fence. Past it the fault is returned: on a store that loses
+// every reply, each round would only burn a fence.
 const maxAmbiguousAcquires = 2
 
 // acquire writes the lease row: over known when given, else
@@ -160,6 +155,7 @@ func (l *Lease) acquire(ctx context.Context, tryCreate bool, known *string) erro
 	cur := known // the row last read or told of; nil when absent
 	read := known == nil && !tryCreate
 	told := known != nil // cur is a row told of, not read
+	ambiguous := 0       // writes read back as possibly another Lease's
 	for try := 0; try < maxAcquireTries; try++ {
 		if try >= 8 {
 			if err := sleepCtx(ctx, jitter(time.Duration(min(try, 100))*time.Millisecond)); err != nil {
@@ -189,9 +185,22 @@ func (l *Lease) acquire(ctx context.Context, tryCreate bool, known *string) erro
 			fence = row.Fence + 1
 		}
 		told = false
-		next, won, err := l.tryAcquire(ctx, cur, fence)
+		next, won, doubt, err := l.tryAcquire(ctx, cur, fence)
 		if err != nil || won {
 			return err
+		}
+		if doubt != nil {
+			// The write's outcome was unknown, and the row read back is
+			// the one it would have written: it may be this write
+			// landing, or another Lease of the same holder that wrote the
+			// same bytes over the same row in the same millisecond (a
+			// re-entry racing an earlier acquisition or its renewal).
+			// Taking it as ours could hand out two Leases at one fence, so
+			// re-enter over it at the next fence instead: whichever Lease
+			// wrote it is then superseded, as any re-entry supersedes it.
+			if ambiguous++; ambiguous > maxAmbiguousAcquires {
+				return doubt
+			}
 		}
 		cur, read = next, next == nil
 	}
@@ -219,45 +228,38 @@ func (l *Lease) claimable(raw string) (leaseRow, error) {
 
 // tryAcquire writes this holder's row at fence over expected (nil: absent).
 // It reports whether the row landed; when it did not, it returns the row
-// now stored if a read-back found it (nil otherwise: read it again).
-func (l *Lease) tryAcquire(ctx context.Context, expected *string, fence uint64) (*string, bool, error) {
+// now stored if a read-back found it (nil otherwise: read it again). doubt
+// is the fault of a write whose outcome was unknown and whose read-back
+// found the very row it sent, which another Lease of the holder may have
+// written (see acquire); the row is then returned as not won.
+func (l *Lease) tryAcquire(ctx context.Context, expected *string, fence uint64) (next *string, won bool, doubt, err error) {
 	start := time.Now()
 	untilMS := stampMS(l.o.now(), l.o.ttl, 0)
-	next := leaseRow{Holder: l.holder, Fence: fence, UntilMS: untilMS}.encode()
-	ok, err := l.store.MetaCAS(ctx, l.key, expected, next)
+	row := leaseRow{Holder: l.holder, Fence: fence, UntilMS: untilMS}.encode()
+	ok, err := l.store.MetaCAS(ctx, l.key, expected, row)
 	if err == nil && !ok {
-		return nil, false, nil
+		return nil, false, nil, nil
 	}
 	if err != nil {
 		if !IsOutcomeUnknown(err) {
-			return nil, false, err
+			return nil, false, nil, err
 		}
 		raw, found, rerr := l.store.MetaGet(ctx, l.key)
 		switch {
 		case rerr != nil:
-			return nil, false, err
+			return nil, false, nil, err
 		case !found && expected == nil, found && expected != nil && raw == *expected:
-			return nil, false, err // not applied, or not yet
+			return nil, false, nil, err // not applied, or not yet
 		case !found:
-			return nil, false, nil
-		case raw == next && l.ambiguous >= maxAmbiguousAcquires:
-			return nil, false, err
-		case raw == next:
-			// This row may be this write landing, or another Lease of
-			// the same holder that wrote the same bytes in the same
-			// millisecond over the same row (re-entry racing an earlier
-			// acquisition or its renewal). Taking it as ours could hand
-			// out two Leases at one fence, so re-enter over it at the
-			// next fence instead: whichever Lease wrote it is then
-			// superseded, as any re-entry supersedes it.
-			l.ambiguous++
-			return &raw, false, nil
+			return nil, false, nil, nil
+		case raw == row:
+			return &raw, false, err, nil
 		default:
-			return &raw, false, nil // another acquirer moved the row
+			return &raw, false, nil, nil // another acquirer moved the row
 		}
 	}
-	l.fence, l.seen, l.untilMS, l.sentMS, l.trustFrom = fence, next, untilMS, untilMS, start
-	return nil, true, nil
+	l.fence, l.seen, l.untilMS, l.sentMS, l.trustFrom = fence, row, untilMS, untilMS, start
+	return nil, true, nil, nil
 }
 
 // sleepCtx waits for d or the end of ctx, whose error it returns.

@@ -203,8 +203,8 @@ var catalog = []mutation{
 	{
 		Name:   "ambiguous-acquire-read-back-taken",
 		File:   "lease.go",
-		Old:    "case raw == next && l.ambiguous >= maxAmbiguousAcquires:\n\t\t\treturn nil, false, err",
-		New:    "case raw == next:",
+		Old:    "case raw == row:\n\t\t\treturn &raw, false, err, nil",
+		New:    "case raw == row:",
 		Breaks: "An acquisition whose reply was lost takes the row it reads back as its own, though a re-entry of the same holder may have written the same bytes: two Leases at one fence.",
 		Pkg:    ".", Tests: coreTests, Env: simEnv,
 	},
