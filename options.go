@@ -27,6 +27,9 @@ const (
 const (
 	LeasePrefix = "runlease:" // a run's lease: runlease:<run id>
 	SlotPrefix  = "runslot:"  // a slot: runslot:<scope>:<k>
+	// WaitPrefix starts the rows a Postgres store keeps of the keys its
+	// subscribers wait on (see [PostgresStore.Subscribe]).
+	WaitPrefix = "runwait:"
 )
 
 // Option configures [Acquire], [AcquireWait], [ClaimSlots], [Keep], [Peek]

@@ -118,7 +118,8 @@ func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected 
 }
 
 // Subscribe implements [Notifier]. The store listens on one connection of
-// its pool while anyone subscribes.
+// its pool while anyone subscribes, and marks key in the table (a row under
+// [WaitPrefix]) so that writes of it notify; see store_postgres_waiters.go.
 func (s *PostgresStore) Subscribe(key string) (<-chan struct{}, func()) {
 	ch, cancel := s.listen.subs.subscribe(key)
 	return ch, s.listening(key, cancel)
@@ -221,7 +222,7 @@ func (s *PostgresStore) listenOnce(ctx context.Context, up func()) error {
 		if err != nil {
 			return err
 		}
-		key, row, ok := pgParsePayload(n.Payload)
-		s.listen.subs.wake(key, row, ok)
+		key, row, _ := pgParsePayload(n.Payload)
+		s.listen.subs.wake(key, row)
 	}
 }

@@ -7,12 +7,22 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease/internal/pgtest"
 )
+
+// newPgOnTable opens a store on a fresh table of pool, closed with t.
+func newPgOnTable(t *testing.T, pool *pgxpool.Pool) *PostgresStore {
+	t.Helper()
+	s, err := NewPostgres(t.Context(), pool, WithTable(pgtest.NewTable(t, pool)))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
 
 // FuzzPostgresPayload checks that every notification names its key and
 // carries its row (or, when too long, none), whatever the key and row hold.
@@ -55,9 +65,7 @@ func TestPostgresPayloadOfABareKey(t *testing.T) {
 func TestAWriteNobodyWaitsForNotifiesNobody(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	s, err := NewPostgres(t.Context(), pool, WithTable(pgtest.NewTable(t, pool)))
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
+	s := newPgOnTable(t, pool)
 	ctx := t.Context()
 	conn, err := pgx.Connect(ctx, pgtest.DSN(t))
 	require.NoError(t, err)
@@ -98,9 +106,7 @@ func TestAWriteNobodyWaitsForNotifiesNobody(t *testing.T) {
 func TestExpiredMarksAreSwept(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	s, err := NewPostgres(t.Context(), pool, WithTable(pgtest.NewTable(t, pool)))
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
+	s := newPgOnTable(t, pool)
 	ctx := t.Context()
 	now, _ := s.ClockNow()
 	dead := WaitPrefix + "r1" + pgMarkSep + "dead"
@@ -128,9 +134,7 @@ func TestExpiredMarksAreSwept(t *testing.T) {
 func TestAMarkWaitsForANotifyingWriteInFlight(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	s, err := NewPostgres(t.Context(), pool, WithTable(pgtest.NewTable(t, pool)))
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
+	s := newPgOnTable(t, pool)
 	ctx := t.Context()
 	ok, err := s.MetaCAS(ctx, "k", nil, "old")
 	require.NoError(t, err)

@@ -47,10 +47,6 @@ import (
 // (synchronous_commit off): a mark lost to a crash of the server only costs
 // a poll.
 
-// WaitPrefix starts the rows a Postgres store keeps of the keys its
-// subscribers wait on. Like [LeasePrefix] and [SlotPrefix] it is reserved.
-const WaitPrefix = "runwait:"
-
 const (
 	pgMarkTTL     = 30 * time.Second
 	pgMarkRefresh = 10 * time.Second
@@ -229,7 +225,7 @@ func (s *PostgresStore) syncMarks(ctx context.Context, sweep bool) {
 		}
 		w.mu.Unlock()
 		for _, key := range fresh { // a refreshed mark has nothing new to tell
-			s.listen.subs.wake(key, "", false)
+			s.listen.subs.wake(key, "")
 		}
 	}
 	if len(del) > 0 {

@@ -94,7 +94,7 @@ func (s *SQLiteStore) batchOp(ctx context.Context, tx *sql.Tx, op Op) error {
 func (s *SQLiteStore) MetaCASNotify(ctx context.Context, key string, expected *string, value string) (bool, error) {
 	ok, err := s.MetaCAS(ctx, key, expected, value)
 	if ok {
-		s.subs.wake(key, value, true)
+		s.subs.wake(key, value)
 	}
 	return ok, err
 }

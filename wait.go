@@ -235,12 +235,9 @@ func (s *subscribers) wakeAll() {
 	}
 }
 
-// wake wakes every subscriber of key, with the row the waking write stored
-// when hasRow.
-func (s *subscribers) wake(key, row string, hasRow bool) {
-	if !hasRow {
-		row = ""
-	}
+// wake wakes every subscriber of key with row, the row the waking write
+// stored, or "" when it is not known.
+func (s *subscribers) wake(key, row string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for sub := range s.byKey[key] {
