@@ -40,9 +40,9 @@ var Acquire = Scenario{
 }
 
 // AcquireRelease is Acquire of a run id that has no row yet, then Release,
-// against the cycle that notifies in the releasing statement itself (on
-// Postgres, UPDATE … RETURNING pg_notify, which is how a release woke
-// waiters on other nodes before it notified in a transaction of its own).
+// against the cycle that notifies in every releasing statement (on
+// Postgres, UPDATE … RETURNING pg_notify, as releases did before they
+// notified only when someone waits).
 var AcquireRelease = Scenario{
 	Name: "acquire-release", Title: "Acquire+Release (fresh run id)",
 	BaseDesc: "INSERT … ON CONFLICT DO NOTHING; UPDATE … WHERE key AND value (Postgres: RETURNING pg_notify)",
