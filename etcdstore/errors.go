@@ -25,6 +25,11 @@ import (
 //
 // A call whose ctx has ended gives up: its error matches ctx's with
 // errors.Is and is never Retryable, whatever gRPC made of the end of ctx.
+// deadlineSlack is how far ahead of the caller's deadline a timeout from
+// the server is taken as that deadline's: the server's timer and this
+// process's run on different clocks.
+const deadlineSlack = 50 * time.Millisecond
+
 func (s *Store) fault(ctx context.Context, op, key string, write, sent bool, err error) error {
 	if !sent && s.closed.Load() {
 		return runlease.ErrStoreClosed
@@ -36,11 +41,23 @@ func (s *Store) fault(ctx context.Context, op, key string, write, sent bool, err
 		code = ee.Code()
 	}
 	cerr := ctx.Err()
-	if dl, ok := ctx.Deadline(); ok && cerr == nil && !time.Now().Before(dl) {
+	if dl, ok := ctx.Deadline(); ok && cerr == nil && time.Until(dl) <= deadlineSlack &&
+		(!time.Now().Before(dl) || code == codes.DeadlineExceeded || errors.Is(err, rpctypes.ErrTimeout)) {
 		// gRPC hands the deadline to the server, whose timer can fire
-		// ("request timed out") and answer before this process's timer
-		// has ended ctx: the deadline caused the fault all the same.
-		cerr = context.DeadlineExceeded
+		// ("request timed out") and answer a moment before this process's
+		// timer ends ctx: the deadline caused the fault all the same. Wait
+		// for ctx to end, so that the call returns as its context's error
+		// says, and the caller's ctx.Err() agrees with it.
+		t := time.NewTimer(time.Until(dl) + deadlineSlack)
+		select {
+		case <-ctx.Done():
+			cerr = ctx.Err()
+		case <-t.C:
+		}
+		t.Stop()
+		if cerr == nil && !time.Now().Before(dl) {
+			cerr = context.DeadlineExceeded // past it, however ctx says so
+		}
 	}
 	if cerr != nil && !errors.Is(err, cerr) {
 		err = fmt.Errorf("%w (%w)", err, cerr) // the end of ctx caused it: keep it matchable

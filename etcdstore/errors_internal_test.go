@@ -64,6 +64,28 @@ func TestFaultLabels(t *testing.T) {
 		assert.True(t, runlease.IsOutcomeUnknown(err))
 	})
 
+	t.Run("a_server_timeout_just_before_the_callers_deadline_waits_for_it", func(t *testing.T) {
+		// The server's timer fired a moment before this process's: the
+		// call returns once ctx has ended, with an error that matches it.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		err := s.fault(ctx, "MetaCAS", "k", true, true, rpctypes.ErrGRPCTimeout)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorIs(t, ctx.Err(), context.DeadlineExceeded, "returned before its context ended")
+		var se *runlease.StorageError
+		require.ErrorAs(t, err, &se)
+		assert.False(t, se.Retryable)
+	})
+
+	t.Run("a_server_timeout_long_before_the_callers_deadline_is_the_servers", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		err := s.fault(ctx, "MetaCAS", "k", true, true, rpctypes.ErrGRPCTimeout)
+		require.NotErrorIs(t, err, context.DeadlineExceeded)
+		require.NoError(t, ctx.Err())
+		assert.True(t, runlease.IsOutcomeUnknown(err))
+	})
+
 	t.Run("the_clients_password_never_reaches_a_message", func(t *testing.T) {
 		s := &Store{secret: "hunter2"}
 		cause := errors.New("auth failed for root:hunter2")
