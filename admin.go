@@ -126,7 +126,10 @@ func (p *Pruned) add(key string) {
 // Pruning resets history: a released lease row keeps its run's fence, and a
 // run id whose row was pruned starts again at fence 1 if it is ever
 // acquired again. Prune only run ids that will not be reused, or whose
-// fences no outside system still checks. olderThan must not be negative.
+// fences no outside system still checks. A [Lease] value from before the
+// prune is never confused with the new acquisition, even one by its own
+// holder at the same fence (see CONCURRENCY.md, rule 5). olderThan must not
+// be negative.
 func Prune(ctx context.Context, store Store, olderThan time.Duration, opts ...Option) (Pruned, error) {
 	var p Pruned
 	var errs []error

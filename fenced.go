@@ -165,9 +165,10 @@ func (l *Lease) judgeChanged(cur string, found bool) error {
 	row, derr := decodeRow(cur)
 	switch {
 	case derr == nil && l.ownRow(row):
-		l.mu.Lock()
-		l.seen = cur
-		l.mu.Unlock()
+		if err := l.judgeAmbiguous(context.Background(), nil); err != nil {
+			return err
+		}
+		l.adopt(cur)
 		return nil
 	case derr == nil && row.Holder == "" && row.Fence == l.fence:
 		return l.lose(&LeaseLostError{RunID: l.runID, Cause: ErrReleased, Fence: l.fence}, cur)

@@ -56,6 +56,11 @@ type Lease struct {
 	holder string
 	fence  uint64 // fixed at acquisition
 	o      options
+	// lineage and gen place this Lease among the acquisitions of its run
+	// by its holder in this process (see lineage.go); lineage is nil when
+	// the store's identity is unknown. Both are fixed at acquisition.
+	lineage *lineage
+	gen     uint64
 
 	// token is held by the one write in flight, for its whole duration:
 	// a buffered channel rather than a mutex, so that waiting for it can
@@ -78,7 +83,12 @@ type Lease struct {
 	// sentMS is the largest until_ms this lease ever sent, landed or not:
 	// every new row stamps a larger one, so no two rows it writes are
 	// equal and a read-back can tell which write landed.
-	sentMS    int64
+	sentMS int64
+	// doubt holds the until_ms of every write sent over seen whose
+	// outcome is unknown: the rows of this lease's own that may be in the
+	// store now (see ownRow). Emptied when seen changes, since a write over
+	// an earlier seen can no longer land: rows never repeat.
+	doubt     []int64
 	lost      error // sticky once the row is known to be someone else's
 	released  bool  // the row is released at this lease's fence
 	releasing bool  // Release was called: nothing but Release may write
@@ -126,8 +136,14 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 	}
 	l := &Lease{store: store, runID: runID, key: LeasePrefix + runID, holder: holder, o: o,
 		token: make(chan struct{}, 1)}
+	if l.lineage = lineageOf(store, l.key, holder); l.lineage != nil {
+		l.gen = l.lineage.begin()
+	}
 	start := time.Now()
 	err := l.acquire(ctx, tryCreate, known)
+	if err == nil && l.lineage != nil {
+		l.lineage.win(l.gen, l.fence)
+	}
 	if h := o.hooks.Acquired; h != nil {
 		h(AcquireEvent{RunID: runID, Holder: holder, Fence: l.fence, Latency: time.Since(start), Err: err})
 	}

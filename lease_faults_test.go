@@ -157,6 +157,167 @@ func TestLeaseFaultsAreNeverLossesNorLossesSuccesses(t *testing.T) {
 		assert.Equal(t, uint64(4), again.Fence())
 	})
 
+	// A store that is not a pointer has no identity this process can know:
+	// its Leases tell their rows apart by the rows alone.
+	stores := map[string]func(f *testkit.Faulty) runlease.Store{
+		"pointer": func(f *testkit.Faulty) runlease.Store { return f },
+		"value":   func(f *testkit.Faulty) runlease.Store { return byValue{f} },
+	}
+	for name, as := range stores {
+		t.Run("a_stale_lease_never_adopts_a_new_acquisition_after_a_prune/"+name, func(t *testing.T) {
+			t.Parallel()
+			// The row expires and is pruned, and the same holder acquires
+			// the run again: fences start over, so the new row has the
+			// holder and fence of the stale Lease. It is not a row the
+			// stale Lease wrote.
+			f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+			s := as(f)
+			stale, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+			require.NoError(t, err)
+			clk.Advance(runlease.DefaultTTL + time.Minute)
+			pruned, err := runlease.Prune(ctx, s, 0, runlease.WithClock(clk.Now))
+			require.NoError(t, err)
+			require.Equal(t, []string{"r1"}, pruned.Leases)
+			fresh, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+			require.NoError(t, err)
+			require.Equal(t, stale.Fence(), fresh.Fence(), "the premise: the new lineage starts at the same fence")
+			clk.Advance(time.Second)
+			require.ErrorIs(t, stale.Renew(ctx), runlease.ErrTakenOver)
+			require.ErrorIs(t, stale.Write(ctx, runlease.Put("ckpt:r1", "stale")), runlease.ErrLeaseLost)
+			require.NoError(t, fresh.Renew(ctx))
+			require.NoError(t, fresh.Write(ctx, runlease.Put("ckpt:r1", "fresh")))
+			assert.Equal(t, "fresh", get(t, f, "ckpt:r1"))
+		})
+
+		t.Run("a_refused_write_is_not_confirmed_by_an_equal_row_of_a_new_acquisition/"+name, func(t *testing.T) {
+			t.Parallel()
+			// A Lease replaced by the same holder's re-entry, which then
+			// released the run; the row is pruned and the holder acquires
+			// the run again, at fence 1. The old Lease's fenced write, in
+			// that millisecond, sends the new row's very bytes: the store
+			// refuses it, and the row read back must not make it landed.
+			f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+			s := as(f)
+			stale, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+			require.NoError(t, err)
+			reentry, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+			require.NoError(t, err)
+			require.NoError(t, reentry.Release(ctx))
+			clk.Advance(time.Millisecond)
+			_, err = runlease.Prune(ctx, s, 0, runlease.WithClock(clk.Now))
+			require.NoError(t, err)
+			fresh, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+			require.NoError(t, err)
+			require.Equal(t, stale.Fence(), fresh.Fence())
+			require.ErrorIs(t, stale.Write(ctx, runlease.Put("ckpt:r1", "stale")), runlease.ErrTakenOver)
+			_, found, err := f.MetaGet(ctx, "ckpt:r1")
+			require.NoError(t, err)
+			require.False(t, found, "the write never landed")
+			require.NoError(t, fresh.Renew(ctx))
+		})
+	}
+
+	t.Run("a_stale_lease_whose_renewals_are_in_doubt_never_adopts_a_new_acquisition", func(t *testing.T) {
+		t.Parallel()
+		// As above, with the stale Lease's renewals sent meanwhile and
+		// their outcome unknown: none could land (its row is gone), and
+		// the new row is none of them, though its until_ms is below theirs.
+		f, stale, clk := setupClock(t)
+		clk.Advance(runlease.DefaultTTL + time.Minute)
+		_, err := runlease.Prune(ctx, f, 0, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		fresh, err := runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now), runlease.WithTTL(runlease.MinTTL))
+		require.NoError(t, err)
+		for range 3 {
+			clk.Advance(time.Millisecond)
+			f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS")})
+			f.FailReads(1)
+			require.ErrorIs(t, stale.Renew(ctx), runlease.ErrOutcomeUnknown)
+		}
+		require.ErrorIs(t, stale.Renew(ctx), runlease.ErrTakenOver)
+		require.NoError(t, fresh.Renew(ctx))
+	})
+
+	t.Run("a_write_in_doubt_stamped_as_a_reentry_is_not_adopted_at_another_fence", func(t *testing.T) {
+		t.Parallel()
+		// On a store whose identity the process cannot know, the row
+		// alone decides: a re-entry at fence 2 that stamped what the
+		// earlier Lease's renewal in doubt stamped is not that renewal.
+		f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+		s := byValue{f}
+		first, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS")})
+		f.FailReads(1)
+		require.ErrorIs(t, first.Renew(ctx), runlease.ErrOutcomeUnknown)
+		clk.Advance(time.Millisecond)
+		second, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.Equal(t, uint64(2), second.Fence())
+		require.ErrorIs(t, first.Renew(ctx), runlease.ErrTakenOver)
+		require.NoError(t, second.Renew(ctx))
+	})
+
+	t.Run("a_stale_lease_whose_write_in_doubt_equals_a_new_acquisition_is_superseded", func(t *testing.T) {
+		t.Parallel()
+		// After the prune, the stale Lease's renewal loses its reply and
+		// its read-back; the holder's new acquisition, in that millisecond,
+		// writes the very row that renewal sent. The stale Lease cannot
+		// tell the row from its own renewal landing, but this process knows
+		// a later acquisition by the holder won.
+		f, stale, clk := setupClock(t)
+		clk.Advance(runlease.DefaultTTL + time.Minute)
+		_, err := runlease.Prune(ctx, f, 0, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS")})
+		f.FailReads(1)
+		require.ErrorIs(t, stale.Renew(ctx), runlease.ErrOutcomeUnknown)
+		fresh, err := runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.Equal(t, stale.Fence(), fresh.Fence())
+		err = stale.Renew(ctx)
+		require.ErrorIs(t, err, runlease.ErrTakenOver)
+		var lost *runlease.LeaseLostError
+		require.ErrorAs(t, err, &lost)
+		assert.Equal(t, "A", lost.Holder)
+		require.NoError(t, fresh.Renew(ctx))
+		require.NoError(t, fresh.Write(ctx, runlease.Put("ckpt:r1", "fresh")))
+	})
+
+	t.Run("a_write_in_doubt_is_not_judged_while_a_later_acquisition_is_unsettled", func(t *testing.T) {
+		t.Parallel()
+		// As above, but the holder's later acquisition failed with an
+		// unknown outcome of its own: the row may be either's, so the
+		// stale Lease reports the outcome unknown, neither held nor lost.
+		f, stale, clk := setupClock(t)
+		clk.Advance(runlease.DefaultTTL + time.Minute)
+		_, err := runlease.Prune(ctx, f, 0, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS")})
+		f.FailReads(1)
+		require.ErrorIs(t, stale.Renew(ctx), runlease.ErrOutcomeUnknown)
+		f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+		f.FailReads(1)
+		_, err = runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now))
+		require.ErrorIs(t, err, runlease.ErrOutcomeUnknown)
+		err = stale.Renew(ctx)
+		require.ErrorIs(t, err, runlease.ErrOutcomeUnknown)
+		require.NotErrorIs(t, err, runlease.ErrLeaseLost)
+		require.NoError(t, stale.Err(), "neither lost nor held: the next call judges again")
+	})
+
+	t.Run("a_fenced_read_of_a_stale_lease_never_adopts_a_new_acquisition", func(t *testing.T) {
+		t.Parallel()
+		f, stale, clk := setupClock(t)
+		clk.Advance(runlease.DefaultTTL + time.Minute)
+		_, err := runlease.Prune(ctx, f, 0, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		_, err = runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		_, _, err = stale.Read(ctx, "ckpt:r1")
+		require.ErrorIs(t, err, runlease.ErrTakenOver)
+	})
+
 	t.Run("a_release_whose_reply_was_lost_is_not_undone_by_a_renewal", func(t *testing.T) {
 		t.Parallel()
 		f, l := setup(t)
@@ -260,3 +421,6 @@ func TestAcquireRefusalSaysTheRunIsHeldNotLost(t *testing.T) {
 		assert.Contains(t, err.Error(), `run "r1" is held by another holder`)
 	}
 }
+
+// byValue is a store that is not a pointer.
+type byValue struct{ *testkit.Faulty }

@@ -2,7 +2,9 @@ package runlease
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -176,13 +178,23 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBat
 		if err != nil && !IsOutcomeUnknown(err) {
 			return l.fault(ctx, err) // certainly not applied
 		}
+		if err != nil && kind != kindRelease {
+			l.inDoubt(seen, untilMS)
+		}
 		cur, found, rerr := l.store.MetaGet(ctx, l.key)
 		switch {
 		case rerr != nil && err != nil:
 			return l.fault(ctx, err)
 		case rerr != nil:
 			return l.fault(ctx, rerr)
-		case found && cur == next:
+		case found && cur == next && err != nil:
+			// Only a write whose outcome is unknown can be found landed:
+			// after a refusal, a row equal to next is another Lease's (of
+			// this holder, at this fence, after a prune started the run's
+			// fences over, stamped in the same millisecond).
+			if lost := l.judgeAmbiguous(ctx, err); lost != nil {
+				return lost
+			}
 			l.confirm(kind, next, untilMS, start)
 			return nil
 		case err != nil && found && cur == seen:
@@ -203,9 +215,10 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBat
 			// An earlier write of this lease landed after all (its reply
 			// was lost). The write just tried expected seen, so it did not
 			// land and never will: the row has moved on from seen for good.
-			l.mu.Lock()
-			l.seen = cur
-			l.mu.Unlock()
+			if lost := l.judgeAmbiguous(ctx, err); lost != nil {
+				return lost
+			}
+			l.adopt(cur)
 			continue
 		case derr == nil && row.Holder == "" && row.Fence == l.fence:
 			// Released at this lease's fence: by this lease (a release whose
@@ -230,11 +243,58 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBat
 	}
 }
 
-// ownRow reports whether row is one this lease wrote: the lease's holder at
-// its fence. No one else writes that pair: another acquisition by the same
-// holder raises the fence, and a release or takeover changes the holder.
+// ownRow reports whether row, found in place of seen, is one this lease
+// wrote: the lease's holder at its fence, stamped as one of its writes in
+// doubt. Holder and fence alone do not tell: once a row is pruned, the
+// run's fences start over, and the same holder's next acquisition writes
+// the pair again. A row of this lease's in the store that it does not know
+// of is always one of its writes in doubt, and every write stamps an
+// until_ms of its own.
 func (l *Lease) ownRow(row leaseRow) bool {
-	return row.Holder == l.holder && row.Fence == l.fence
+	if row.Holder != l.holder || row.Fence != l.fence {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Contains(l.doubt, row.UntilMS)
+}
+
+// judgeAmbiguous judges a row read back that is one of this lease's
+// writes of unknown outcome, byte for byte, and that a later acquisition
+// by the same holder could have written too (see lineage.go). It returns
+// nil when the row is this lease's own; the loss when a later acquisition
+// won; else the fault of the call, err or, when the call itself was
+// refused, one saying the outcome of the earlier write is still unknown.
+func (l *Lease) judgeAmbiguous(ctx context.Context, err error) error {
+	switch how, fence := l.ambiguous(); how {
+	case ambiguousOwn:
+		return nil
+	case ambiguousSuperseded:
+		return l.lose(&LeaseLostError{RunID: l.runID, Cause: ErrTakenOver, Holder: l.holder, Fence: fence})
+	}
+	if err == nil {
+		err = &StorageError{Op: "MetaCAS", Key: l.key, Unknown: true,
+			Err: errors.New("the row may be an earlier write of this lease or a later acquisition's by the same holder")}
+	}
+	return l.fault(ctx, err)
+}
+
+// inDoubt records that a write over seen, stamped untilMS, has an unknown
+// outcome: it may have landed, or land later.
+func (l *Lease) inDoubt(seen string, untilMS int64) {
+	l.mu.Lock()
+	if l.seen == seen {
+		l.doubt = append(l.doubt, untilMS)
+	}
+	l.mu.Unlock()
+}
+
+// adopt makes cur, a row of this lease's own found on reading back, the row
+// the next write presents.
+func (l *Lease) adopt(cur string) {
+	l.mu.Lock()
+	l.seen, l.doubt = cur, l.doubt[:0]
+	l.mu.Unlock()
 }
 
 // nextRowLocked returns the row a write of kind would write now, and its
@@ -280,7 +340,7 @@ func (l *Lease) confirm(kind writeKind, next string, untilMS int64, start time.T
 		return
 	}
 	l.mu.Lock()
-	l.seen, l.untilMS, l.trustFrom = next, untilMS, start
+	l.seen, l.untilMS, l.trustFrom, l.doubt = next, untilMS, start, l.doubt[:0]
 	l.mu.Unlock()
 }
 

@@ -301,6 +301,9 @@ func renewMany(ctx context.Context, m MultiCASer, leases []*Lease) []error {
 		l, p := leases[i], pend[i]
 		switch {
 		case err != nil:
+			if IsOutcomeUnknown(err) {
+				l.inDoubt(*writes[j].Expected, p.untilMS)
+			}
 			errs[i] = l.fault(ctx, err)
 		case swapped[j]:
 			l.confirm(kindRenew, p.next, p.untilMS, p.start)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -115,26 +114,26 @@ func TestAdversaryWriteIfFaultsAreNeitherSuccessNorConditionFailure(t *testing.T
 // TestAdversaryReadSeesATakeoverBetweenItsReads lets a successor take the
 // run and write the key between Read's read of the key and its read of the
 // lease row: Read returns no value and the loss. An own newer row found
-// there instead (an earlier write that landed after all) is adopted.
+// there instead (an earlier write that landed after all, its reply lost) is
+// adopted.
 func TestAdversaryReadSeesATakeoverBetweenItsReads(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	inner := newSQLite(t)
 	h := &readHook{Store: inner}
+	f := &testkit.Faulty{Store: h}
 	clk := testkit.NewClock(time.Now().Truncate(time.Millisecond).UTC())
 	opts := []runlease.Option{runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now)}
-	a, err := runlease.Acquire(ctx, h, "rd", "A", opts...)
+	a, err := runlease.Acquire(ctx, f, "rd", "A", opts...)
 	require.NoError(t, err)
 	require.NoError(t, a.Write(ctx, runlease.Put("ckpt:rd", "a-1")))
 
-	// An own newer row, written behind the lease's back.
-	h.on("ckpt:rd", func() {
-		cur := get(t, inner, "runlease:rd")
-		newer := strings.Replace(cur, `"until_ms":`, `"until_ms":9`, 1)
-		ok, err := inner.MetaCAS(ctx, "runlease:rd", &cur, newer)
-		require.NoError(t, err)
-		require.True(t, ok)
-	})
+	// An own newer row: a renewal that landed, whose reply and read-back
+	// were lost.
+	clk.Advance(time.Millisecond)
+	f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+	f.FailReads(1)
+	require.ErrorIs(t, a.Renew(ctx), runlease.ErrOutcomeUnknown)
 	v, found, err := a.Read(ctx, "ckpt:rd")
 	require.NoError(t, err)
 	require.True(t, found)
