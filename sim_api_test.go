@@ -49,6 +49,11 @@ func (simAPI) ClaimSlots(ctx context.Context, s runlease.Store, runID string, sp
 	return simSlots{sl}, nil
 }
 
+func (simAPI) Prune(ctx context.Context, s runlease.Store, olderThan time.Duration) ([]string, error) {
+	p, err := runlease.Prune(ctx, s, olderThan)
+	return p.Leases, err
+}
+
 func (simAPI) NewRenewer() sim.Renewer { return &runlease.Renewer{} }
 
 func (simAPI) Keep(ctx context.Context, r sim.Renewer, l sim.Lease, spec sim.KeepSpec) (sim.Keeper, error) {

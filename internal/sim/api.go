@@ -24,6 +24,9 @@ type API interface {
 	AcquireWait(ctx context.Context, s runlease.Store, runID, holder string, ttl, poll time.Duration) (Lease, error)
 	// ClaimSlots claims one slot of each scope for runID.
 	ClaimSlots(ctx context.Context, s runlease.Store, runID string, scopes []ScopeSpec, ttl time.Duration) (Slots, error)
+	// Prune removes the rows that expired or were released before now -
+	// olderThan, and returns the run ids of the lease rows it removed.
+	Prune(ctx context.Context, s runlease.Store, olderThan time.Duration) ([]string, error)
 	// NewRenewer returns a Renewer to share among keepers.
 	NewRenewer() Renewer
 	// Keep starts a keeper of l on r, or on a Renewer of its own when r is

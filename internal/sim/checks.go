@@ -30,7 +30,7 @@ func (w *World) checkLoss(call string, l Lease, run, holder string, fence uint64
 	if releasing && errors.Is(err, runlease.ErrReleased) {
 		return
 	}
-	if r, own := w.ownRow(run, holder, fence); own {
+	if r, own := w.ownRow(run, holder, fence, w.epochOf(l)); own {
 		w.violate("false-lease-loss", fmt.Sprintf("%s|%s|%d|%s", run, holder, fence, call),
 			"%s of %s by %s (fence %d) reported the lease lost while the row is its own (until_ms %d): %v",
 			call, run, holder, fence, r.UntilMS, err)
@@ -75,9 +75,10 @@ func (w *World) confirm(l Lease, start time.Time) {
 	w.confirmed[l] = append(w.confirmed[l], confirmation{start: start, at: time.Now()})
 }
 
-// checkReleased: a release that returned nil left no live row of its own.
-func (w *World) checkReleased(call, run, holder string, fence uint64) {
-	if r, own := w.ownRow(run, holder, fence); own && r.live(w.storeNow()) {
+// checkReleased: a release of l that returned nil left no live row of its
+// own.
+func (w *World) checkReleased(call string, l Lease, run, holder string, fence uint64) {
+	if r, own := w.ownRow(run, holder, fence, w.epochOf(l)); own && r.live(w.storeNow()) {
 		w.violate("release-not-landed", run+"|"+holder, "%s of %s by %s returned nil but its live row is still there", call, run, holder)
 	}
 }
@@ -229,10 +230,13 @@ func (w *World) applied(key string, old, now *string, at time.Time, opID int) {
 // (Release stops the lease's keepers first).
 func (w *World) leaseWritten(run string, old, now *string, at time.Time) {
 	if now == nil {
-		w.violate("fence-backwards", run+"|delete", "the lease row of %s was deleted", run)
+		w.leaseDeleted(run, old, at)
 		return
 	}
 	n, _ := decode(*now)
+	w.mu.Lock()
+	epoch := w.epoch[run]
+	w.mu.Unlock()
 	if old != nil {
 		o, _ := decode(*old)
 		if n.Fence < o.Fence {
@@ -248,7 +252,7 @@ func (w *World) leaseWritten(run string, old, now *string, at time.Time) {
 			w.mu.Lock()
 			var trusting []int
 			for _, r := range w.keepers {
-				if r.run == run && r.holder == o.Holder && r.fence == o.Fence && r.work.Err() == nil {
+				if r.run == run && r.holder == o.Holder && r.fence == o.Fence && r.epoch == epoch && r.work.Err() == nil {
 					trusting = append(trusting, r.id)
 				}
 			}
@@ -262,7 +266,7 @@ func (w *World) leaseWritten(run string, old, now *string, at time.Time) {
 	}
 	if n.Holder != "" {
 		w.mu.Lock()
-		id := fmt.Sprintf("%s|%d", run, n.Fence)
+		id := fmt.Sprintf("%s|%d|%d", run, epoch, n.Fence)
 		first, ok := w.fenceHolder[id]
 		if !ok {
 			w.fenceHolder[id] = n.Holder
@@ -278,7 +282,7 @@ func (w *World) leaseWritten(run string, old, now *string, at time.Time) {
 	w.mu.Lock()
 	var stale []*keeperRec
 	for _, r := range w.keepers {
-		if r.run == run && (r.holder != n.Holder || r.fence != n.Fence) && r.work.Err() == nil && !r.supersededBy(n) {
+		if r.run == run && (r.holder != n.Holder || r.fence != n.Fence || r.epoch != epoch) && r.work.Err() == nil && !r.supersededBy(n, epoch) {
 			stale = append(stale, r)
 		}
 	}
@@ -288,6 +292,25 @@ func (w *World) leaseWritten(run string, old, now *string, at time.Time) {
 			"%s was granted run %s at fence %d while keeper k%d of %s (fence %d) still trusts it",
 			n.Holder, run, n.Fence, r.id, r.holder, r.fence)
 	}
+}
+
+// leaseDeleted checks the deletion of run's lease row: only Prune deletes
+// one, in a mode that prunes, and only a row that held no live lease. The
+// run's next lineage begins. The store's mutex is held.
+func (w *World) leaseDeleted(run string, old *string, at time.Time) {
+	if !w.mode.Prune {
+		w.violate("fence-backwards", run+"|delete", "the lease row of %s was deleted", run)
+		return
+	}
+	if old != nil {
+		if o, _ := decode(*old); o.live(at) {
+			w.violate("pruned-live", run, "the lease row of %s was deleted while %s held it (fence %d) for %s more",
+				run, o.Holder, o.Fence, fmtDur(o.remaining(at)))
+		}
+	}
+	w.mu.Lock()
+	w.epoch[run]++
+	w.mu.Unlock()
 }
 
 // slotWritten checks that a claim takes a slot only while fewer than its

@@ -42,6 +42,9 @@ type Mode struct {
 	PrefixHolders bool
 	// Strict keeps slots with KeepSlotsStrict half of the time.
 	Strict bool
+	// Prune lets drivers prune the store: a run's lease row may be
+	// deleted, and its fences start over.
+	Prune bool
 }
 
 // Margin is the least time by which a keeper must stop trusting before its
@@ -171,6 +174,11 @@ func init() {
 		Actors: 4, Runs: 2, Shared: 1, PrefixHolders: true, Uncertainty: 150 * time.Millisecond, WeatherP: 0.06, Yield: 0.1,
 		Ops:     withOps(leaseOps, map[string]float64{"reenter": 1.5, "renew-stale": 1, "write-stale": 1, "release-kept": 1}),
 		Weather: []Weather{healthy, flaky, lossy}})
+	addMode(Mode{Name: "prune", Doc: "lease rows pruned once expired or released, the same holder acquiring the run again at fence 1 with its stale Lease still called, lost replies",
+		Actors: 3, Runs: 2, Shared: 1, Prune: true, WeatherP: 0.06, Yield: 0.1,
+		Ops: map[string]float64{"acquire": 2, "reenter": 2, "renew": 1, "write": 1, "renew-stale": 2, "write-stale": 1.5,
+			"keep": 1, "stop": 0.5, "release": 0.5, "abandon": 0.3, "prune": 2},
+		Weather: []Weather{healthy, lossy, flaky}})
 	addMode(Mode{Name: "plain", Doc: "slots on a store without batches: claims slot by slot with rollback, kept strictly or not, slot writes of unknown outcome",
 		Actors: 5, Runs: 5, Shared: 1, Plain: true, Strict: true, WeatherP: 0.06, Yield: 0.3,
 		Scopes:  []ScopeSpec{{"mem", 2}, {"principal:p", 1}},

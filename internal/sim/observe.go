@@ -36,10 +36,10 @@ func (w *World) observe(fresh bool) {
 		w.observeKeeper(r, now, fresh)
 		cur, _ := w.leaseRow(r.run)
 		w.mu.Lock()
-		superseded := r.supersededBy(cur)
+		superseded := r.supersededBy(cur, w.epoch[r.run])
 		w.mu.Unlock()
 		if r.work.Err() == nil && !superseded {
-			id := fmt.Sprintf("%s fence %d", r.holder, r.fence)
+			id := fmt.Sprintf("%s fence %d lineage %d", r.holder, r.fence, r.epoch)
 			if trusting[r.run] == nil {
 				trusting[r.run] = map[string]int{}
 			}
@@ -59,9 +59,9 @@ func (w *World) observe(fresh bool) {
 // observeKeeper judges one keeper whose work context is live.
 func (w *World) observeKeeper(r *keeperRec, now time.Time, fresh bool) {
 	snow := w.storeNow()
-	cur, own := w.ownRow(r.run, r.holder, r.fence)
+	cur, own := w.ownRow(r.run, r.holder, r.fence, r.epoch)
 	w.mu.Lock()
-	superseded := r.supersededBy(cur)
+	superseded := r.supersededBy(cur, w.epoch[r.run])
 	w.mu.Unlock()
 	if !own && !superseded {
 		w.violate("exclusive-trust", fmt.Sprintf("row|%d", r.id),
@@ -111,22 +111,24 @@ func (w *World) observeKeeper(r *keeperRec, now time.Time, fresh bool) {
 func (w *World) observeSlots() {
 	snow := w.storeNow()
 	type belief struct {
-		a    *actor
-		s    Slots
-		kept bool
-		mine bool // the driver's lease on the slots' run is still its own
+		a     *actor
+		s     Slots
+		fence uint64
+		epoch int
+		kept  bool
+		mine  bool // the driver's lease on the slots' run is still its own
 	}
 	w.mu.Lock()
 	var beliefs []belief
 	for _, a := range w.actors {
 		if a.slots != nil {
-			beliefs = append(beliefs, belief{a: a, s: a.slots, kept: w.slotsKept(a)})
+			beliefs = append(beliefs, belief{a: a, s: a.slots, fence: a.fence, epoch: a.epoch, kept: w.slotsKept(a)})
 		}
 	}
 	w.mu.Unlock()
 	for i := range beliefs {
 		b := &beliefs[i]
-		_, b.mine = w.ownRow(b.s.RunID(), b.a.holder, b.a.fence)
+		_, b.mine = w.ownRow(b.s.RunID(), b.a.holder, b.fence, b.epoch)
 	}
 	believers := map[string]map[string]string{} // scope → run → key
 	for _, b := range beliefs {

@@ -22,6 +22,9 @@ var structural = map[string]bool{
 	"slots-release": true, "reenter": true, "release-kept": true,
 }
 
+// pruneAges are the olderThan arguments the prune operation passes.
+var pruneAges = []time.Duration{0, 0, 800 * time.Millisecond, 3 * time.Second}
+
 // active returns the keepers of a that were neither stopped nor ended.
 // w.mu is held.
 func (w *World) active(a *actor) []*keeperRec {
@@ -97,6 +100,7 @@ func (w *World) validOps(a *actor) []string {
 	add("keeper-release", len(act) > 0 && !superseded)
 	add("abandon", held || a.slots != nil)
 	add("close-renewer", w.mode.Shared > 0)
+	add("prune", w.mode.Prune)
 	kept := w.slotsKept(a)
 	add("claim", held && a.slots == nil && len(w.mode.Scopes) > 0)
 	add("slots-renew", a.slots != nil && !kept)
@@ -162,11 +166,15 @@ func errText(err error) string {
 	return s
 }
 
-// setLease records a lease a just acquired.
+// setLease records a lease a just acquired, in the run's lineage now: an
+// acquisition's row is live when the call returns, so no prune came
+// between its write and now.
 func (w *World) setLease(a *actor, l Lease) {
 	fence := l.Fence()
 	w.mu.Lock()
-	a.lease, a.fence, a.run, a.lost = l, fence, l.RunID(), false
+	epoch := w.epoch[l.RunID()]
+	a.lease, a.fence, a.epoch, a.run, a.lost = l, fence, epoch, l.RunID(), false
+	w.leaseEpoch[l] = epoch
 	w.mu.Unlock()
 }
 
@@ -188,7 +196,7 @@ func (w *World) markLost(a *actor, l Lease, err error) {
 // begin starts one operation of kind for a.
 func (w *World) begin(a *actor, kind string) {
 	w.mu.Lock()
-	l, fence, run, slots := a.lease, a.fence, a.run, a.slots
+	l, fence, epoch, run, slots := a.lease, a.fence, a.epoch, a.run, a.slots
 	act := w.active(a)
 	w.mu.Unlock()
 	ttl := w.mode.TTL
@@ -271,7 +279,7 @@ func (w *World) begin(a *actor, kind string) {
 			w.checkLossEndedKeepers("Release", l, run, err)
 			w.markLost(a, l, err)
 			if err == nil {
-				w.checkReleased("Release", run, a.holder, fence)
+				w.checkReleased("Release", l, run, a.holder, fence)
 				w.mu.Lock()
 				a.lease = nil
 				w.mu.Unlock()
@@ -294,7 +302,7 @@ func (w *World) begin(a *actor, kind string) {
 			nl, err := w.api.Acquire(ctx, w.lib(), run, a.holder, ttl)
 			if err == nil {
 				w.tracef("  #%d re-entered %s at fence %d (the replaced lease's: %d)", o.id, run, nl.Fence(), fence)
-				if nl.Fence() <= fence {
+				if nl.Fence() <= fence && w.runEpoch(run) == epoch {
 					// Two Leases of one holder at one fence: the replaced one
 					// is not fenced out, so the checks of a replaced lease
 					// do not apply to it.
@@ -303,7 +311,7 @@ func (w *World) begin(a *actor, kind string) {
 						o.id, run, nl.Fence(), fence)
 				} else {
 					w.mu.Lock()
-					a.stale, a.staleFence = l, fence
+					a.stale, a.staleFence, a.staleEpoch = l, fence, epoch
 					w.mu.Unlock()
 				}
 				w.setLease(a, nl)
@@ -339,7 +347,7 @@ func (w *World) begin(a *actor, kind string) {
 			}
 			if err == nil {
 				w.violate("stale-lease-wrote", fmt.Sprintf("op%d", o.id),
-					"%s #%d on the lease of %s at fence %d succeeded after the same holder was granted the run again at a higher fence",
+					"%s #%d on the lease of %s at fence %d succeeded after the same holder was granted the run again",
 					call, o.id, run, sfence)
 			}
 			w.checkLoss(call, stale, run, a.holder, sfence, err)
@@ -347,8 +355,17 @@ func (w *World) begin(a *actor, kind string) {
 			w.markLost(a, stale, err)
 			return err
 		})
+	case "prune":
+		olderThan := pruneAges[w.rng.IntN(len(pruneAges))]
+		w.launch(a, fmt.Sprintf("Prune older than %v", olderThan), callTimeout+promptly, func(ctx context.Context, o *op) error {
+			ctx, cancel := context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+			runs, err := w.api.Prune(ctx, w.lib(), olderThan)
+			w.tracef("  #%d pruned the leases of %v", o.id, runs)
+			return err
+		})
 	case "keep", "keep-shared":
-		w.beginKeep(a, kind, l, run, fence, slots)
+		w.beginKeep(a, kind, l, run, fence, epoch, slots)
 	case "stop":
 		rec := act[w.rng.IntN(len(act))]
 		w.launch(a, fmt.Sprintf("Stop keeper k%d", rec.id), promptly, func(ctx context.Context, o *op) error {
@@ -384,7 +401,7 @@ func (w *World) begin(a *actor, kind string) {
 	case "claim":
 		// A driver claims slots only right after it saw its lease hold, as
 		// the README asks; a stalled driver's claim is not promised anything.
-		if r, own := w.ownRow(run, a.holder, fence); !own || !r.live(w.storeNow()) {
+		if r, own := w.ownRow(run, a.holder, fence, epoch); !own || !r.live(w.storeNow()) {
 			return
 		}
 		w.beginClaim(a, run)

@@ -64,7 +64,7 @@ func (w *World) write(ctx context.Context, o *op, a *actor, l Lease, run string,
 
 // beginKeep starts a keeper of a's lease, with a's slots if no keeper
 // renews them yet.
-func (w *World) beginKeep(a *actor, kind string, l Lease, run string, fence uint64, slots Slots) {
+func (w *World) beginKeep(a *actor, kind string, l Lease, run string, fence uint64, epoch int, slots Slots) {
 	ri := 0
 	if w.mode.Shared > 0 && (kind == "keep-shared" || w.rng.IntN(2) == 0) {
 		ri = 1 + w.rng.IntN(w.mode.Shared)
@@ -73,7 +73,7 @@ func (w *World) beginKeep(a *actor, kind string, l Lease, run string, fence uint
 	if w.slotsKept(a) {
 		slots = nil
 	}
-	rec := &keeperRec{id: len(w.keepers) + 1, a: a, lease: l, run: run, holder: a.holder, fence: fence, slots: slots, renewer: ri}
+	rec := &keeperRec{id: len(w.keepers) + 1, a: a, lease: l, run: run, holder: a.holder, fence: fence, epoch: epoch, slots: slots, renewer: ri}
 	w.mu.Unlock()
 	spec := KeepSpec{Slots: slots,
 		Lost: func(err error) {
@@ -176,7 +176,7 @@ func (w *World) beginKeeperRelease(a *actor, act []*keeperRec, run string, fence
 		w.mu.Unlock()
 		w.checkLoss("Keeper.Release", rec.lease, run, a.holder, rec.fence, err)
 		if err == nil {
-			w.checkReleased("Keeper.Release", run, a.holder, fence)
+			w.checkReleased("Keeper.Release", rec.lease, run, a.holder, fence)
 			if rec.slots != nil {
 				w.checkSlotsFreed("Keeper.Release", a, rec.slots.RunID())
 			}

@@ -33,6 +33,7 @@ type actor struct {
 
 	lease Lease // nil when it holds none
 	fence uint64
+	epoch int // the run's lineage when the lease was granted (see World.epoch)
 	run   string
 	lost  bool // a call on lease reported it lost: the driver must drop it
 	slots Slots
@@ -41,6 +42,7 @@ type actor struct {
 	// same holder replaced (re-entered at a higher fence), kept to call.
 	stale      Lease
 	staleFence uint64
+	staleEpoch int
 }
 
 // keeperRec is a keeper the workload started.
@@ -52,6 +54,7 @@ type keeperRec struct {
 	run     string
 	holder  string
 	fence   uint64
+	epoch   int
 	work    context.Context // the work context, taken when it was started
 	slots   Slots
 	renewer int // 0: a Renewer of its own
@@ -65,9 +68,9 @@ type keeperRec struct {
 }
 
 // supersededBy reports whether r is a keeper whose driver re-entered the
-// run and cur is a row of that re-entry. w.mu is held.
-func (r *keeperRec) supersededBy(cur row) bool {
-	return r.superseded && cur.Holder == r.holder && cur.Fence > r.fence
+// run and cur, of lineage epoch, is a row of that re-entry. w.mu is held.
+func (r *keeperRec) supersededBy(cur row, epoch int) bool {
+	return r.superseded && cur.Holder == r.holder && cur.Fence > r.fence && epoch == r.epoch
 }
 
 // op is one workload operation in flight or done.
@@ -115,6 +118,12 @@ type World struct {
 	confirmed   map[Lease][]confirmation // the calls on the lease that succeeded
 	opWriter    map[string]int           // key → the operation whose call last wrote it, when known
 	strictLost  map[*keeperRec]time.Time // strict keepers whose SlotsLost hook reported a loss, and when
+	// epoch counts, per run, the deletions of its lease row (by Prune):
+	// each starts a new lineage whose fences start over at 1, so a lease is
+	// known by its lineage, holder and fence, and by holder and fence alone
+	// only within one lineage.
+	epoch      map[string]int
+	leaseEpoch map[Lease]int // the lineage each lease was granted in
 }
 
 // violate records a violation, once per check and subject.
@@ -177,10 +186,28 @@ func (w *World) lib() runlease.Store {
 
 func (w *World) storeNow() time.Time { t, _ := w.store.ClockNow(); return t }
 
-// ownRow reports whether run's row is the one of holder at fence.
-func (w *World) ownRow(run, holder string, fence uint64) (row, bool) {
+// ownRow reports whether run's row is the one of holder at fence, in
+// lineage epoch.
+func (w *World) ownRow(run, holder string, fence uint64, epoch int) (row, bool) {
 	r, ok := w.leaseRow(run)
-	return r, ok && r.Holder == holder && r.Fence == fence
+	w.mu.Lock()
+	same := w.epoch[run] == epoch
+	w.mu.Unlock()
+	return r, ok && same && r.Holder == holder && r.Fence == fence
+}
+
+// runEpoch returns run's lineage now.
+func (w *World) runEpoch(run string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.epoch[run]
+}
+
+// epochOf returns the lineage l was granted in. w.mu is not held.
+func (w *World) epochOf(l Lease) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.leaseEpoch[l]
 }
 
 // slotScope returns the scope of a slot key.
