@@ -59,12 +59,22 @@ func leaseInfo(runID, raw string, nowMS int64) LeaseInfo {
 // corrupt row needs a person to look at it, not a tombstone.
 func ForceRelease(ctx context.Context, store Store, info LeaseInfo, opts ...Option) error {
 	_, err := ForceReleaseOutcome(ctx, store, info, opts...)
+	if errors.Is(err, errReleasedByEither) {
+		return nil
+	}
 	return err
 }
 
 // ForceReleaseOutcome is [ForceRelease] that also reports whether this call
 // wrote the tombstone: wrote is false when the lease was released already,
 // before or while the call ran, and whenever err is not nil.
+//
+// When the write's reply is lost and the row read back is the very
+// tombstone it sent, the lease is released but no one can tell by whom:
+// the holder's own Release in the same millisecond writes the same bytes.
+// ForceReleaseOutcome then returns a [*StorageError] matching
+// [ErrOutcomeUnknown], and ForceRelease returns nil, since the lease is
+// released either way.
 func ForceReleaseOutcome(ctx context.Context, store Store, info LeaseInfo, opts ...Option) (wrote bool, err error) {
 	o, err := buildOptions(store, opts, optsRead, "ForceRelease")
 	if err != nil {
@@ -80,7 +90,7 @@ func ForceReleaseOutcome(ctx context.Context, store Store, info LeaseInfo, opts 
 	}
 	key := LeasePrefix + info.RunID
 	tomb := leaseRow{Fence: info.Fence, UntilMS: min(o.nowMS(), info.Until.UnixMilli())}.encode()
-	ok, err := casNotify(ctx, store, key, &info.Row, tomb)
+	ok, err := forceCAS(ctx, store, key, info.Row, tomb)
 	if err != nil || ok {
 		return ok, err
 	}
@@ -101,6 +111,37 @@ func ForceReleaseOutcome(ctx context.Context, store Store, info LeaseInfo, opts 
 		e.Cause = ErrTakenOver
 	}
 	return false, e
+}
+
+// errReleasedByEither is the cause of a force release whose outcome is
+// unknown and whose tombstone is in place (see ForceReleaseOutcome).
+var errReleasedByEither = errors.New("the lease is released, by this call or by its holder in the same millisecond: the two write the same row")
+
+// forceCAS writes tomb over row at key, waking waiters when the store can,
+// and resolves an unknown outcome by reading back: row still there means
+// not applied (yet), the tombstone means released by someone
+// (errReleasedByEither), anything else means not applied.
+func forceCAS(ctx context.Context, store Store, key, row, tomb string) (bool, error) {
+	var ok bool
+	var err error
+	if n, isN := store.(Notifier); isN {
+		ok, err = n.MetaCASNotify(ctx, key, &row, tomb)
+	} else {
+		ok, err = store.MetaCAS(ctx, key, &row, tomb)
+	}
+	if err == nil || !IsOutcomeUnknown(err) {
+		return ok, err
+	}
+	cur, found, rerr := store.MetaGet(ctx, key)
+	switch {
+	case rerr != nil:
+		return false, errors.Join(err, rerr)
+	case found && cur == tomb:
+		return false, &StorageError{Op: "MetaCAS", Key: key, Unknown: true, Err: errReleasedByEither}
+	case found && cur == row:
+		return false, err
+	}
+	return false, nil
 }
 
 // Pruned lists what [Prune] removed, or what [PruneCandidates] would remove.

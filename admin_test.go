@@ -155,6 +155,40 @@ func TestForceRelease(t *testing.T) {
 		assert.True(t, wrote)
 	})
 
+	t.Run("a_lost_reply_over_the_holders_identical_release_is_not_claimed", func(t *testing.T) {
+		t.Parallel()
+		// The holder releases in the operator's millisecond, writing the
+		// very tombstone the operator sends; the operator's write does not
+		// apply and its reply is lost. Reading back its own bytes, it
+		// cannot say it wrote them.
+		f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+		l, err := runlease.Acquire(t.Context(), f, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		info, err := runlease.Peek(t.Context(), f, "r1", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS"), Then: func() {
+			require.NoError(t, l.Release(t.Context()))
+		}})
+		wrote, err := runlease.ForceReleaseOutcome(t.Context(), f, info, runlease.WithClock(clk.Now))
+		assert.False(t, wrote, "the tombstone is the holder's")
+		require.ErrorIs(t, err, runlease.ErrOutcomeUnknown, "and no one can tell it from this call's")
+		after, err := runlease.Peek(t.Context(), f, "r1", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		assert.True(t, after.Released)
+
+		// ForceRelease, which reports only that the lease is released,
+		// succeeds in the same case.
+		g, clk2 := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+		l2, err := runlease.Acquire(t.Context(), g, "r1", "A", runlease.WithClock(clk2.Now))
+		require.NoError(t, err)
+		info3, err := runlease.Peek(t.Context(), g, "r1", runlease.WithClock(clk2.Now))
+		require.NoError(t, err)
+		g.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS"), Then: func() {
+			require.NoError(t, l2.Release(t.Context()))
+		}})
+		require.NoError(t, runlease.ForceRelease(t.Context(), g, info3, runlease.WithClock(clk2.Now)))
+	})
+
 	t.Run("refuses_rows_it_must_not_touch", func(t *testing.T) {
 		t.Parallel()
 		s := newSQLite(t)

@@ -114,6 +114,15 @@ func (h *handler) release(w http.ResponseWriter, r *http.Request) {
 		if wrote {
 			h.snaps.forget() // the operator's next look shows the release
 		}
+		if runlease.IsOutcomeUnknown(err) {
+			if now, perr := runlease.Peek(r.Context(), h.store, runID, at); perr == nil && now.Released && now.Fence >= info.Fence {
+				h.snaps.forget()
+				v.Title = "Run " + runID + " is released"
+				v.Message = "Fence " + strconv.FormatUint(now.Fence, 10) + " kept. The store's reply was lost: this release or its holder's own, at the same moment, wrote the tombstone."
+				render(w, http.StatusOK, releaseTmpl, v)
+				return
+			}
+		}
 		switch {
 		case err == nil && wrote:
 			v.Title = "Released run " + runID

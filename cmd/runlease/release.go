@@ -83,6 +83,13 @@ func (c *cli) forceRelease(sf *storeFlags, s *openedStore, runID string, yes boo
 	ctx, cancel = c.step(sf)
 	defer cancel()
 	wrote, err := runlease.ForceReleaseOutcome(ctx, s.s, info)
+	if runlease.IsOutcomeUnknown(err) {
+		if now, perr := runlease.Peek(ctx, s.s, runID); perr == nil && now.Released && now.Fence >= info.Fence {
+			fmt.Fprintf(c.stdout, "run %s is released (fence %d kept), by this command or by its holder at the same moment: "+
+				"the reply was lost and the two write the same row\n", runID, now.Fence)
+			return nil
+		}
+	}
 	if err != nil {
 		if errors.Is(err, runlease.ErrLeaseLost) {
 			return withHint(err, "the row changed since it was shown; nothing was written. Run peek again")
