@@ -45,6 +45,10 @@ type Mode struct {
 	// Prune lets drivers prune the store: a run's lease row may be
 	// deleted, and its fences start over.
 	Prune bool
+	// ByValue gives the library the store as a value that is not a
+	// pointer, whose identity the process cannot know: its Leases then
+	// tell their rows apart by the rows alone (see lineage.go).
+	ByValue bool
 }
 
 // Margin is the least time by which a keeper must stop trusting before its
@@ -171,7 +175,7 @@ func init() {
 		Actors: 2, Runs: 3, Shared: 2, OpP: 0.85,
 		Ops: map[string]float64{"acquire": 3, "keep-shared": 5, "renew": 0.5, "stop": 0.3, "abandon": 0.2}, Weather: []Weather{healthy}})
 	addMode(Mode{Name: "reentry", Doc: "holders whose names share a prefix, re-entry by the same holder at a higher fence with the replaced Lease still called, Release with keepers running, a store clock of 150 ms uncertainty",
-		Actors: 4, Runs: 2, Shared: 1, PrefixHolders: true, Uncertainty: 150 * time.Millisecond, WeatherP: 0.06, Yield: 0.1,
+		Actors: 4, Runs: 2, Shared: 1, PrefixHolders: true, Uncertainty: 150 * time.Millisecond, WeatherP: 0.06, Yield: 0.1, ByValue: true,
 		Ops:     withOps(leaseOps, map[string]float64{"reenter": 1.5, "renew-stale": 1, "write-stale": 1, "release-kept": 1}),
 		Weather: []Weather{healthy, flaky, lossy}})
 	addMode(Mode{Name: "prune", Doc: "lease rows pruned once expired or released, the same holder acquiring the run again at fence 1 with its stale Lease still called, lost replies",

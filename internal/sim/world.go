@@ -178,11 +178,18 @@ func (w *World) leaseRow(run string) (row, bool) {
 // lib is the store the library is given: the fault store itself, or, in a
 // mode without batches, the same store offering single-key calls only.
 func (w *World) lib() runlease.Store {
-	if w.mode.Plain {
+	switch {
+	case w.mode.Plain:
 		return plainStore{w.store}
+	case w.mode.ByValue:
+		return byValue{w.store}
 	}
 	return w.store
 }
+
+// byValue is the store, every method of it, as a value that is not a
+// pointer.
+type byValue struct{ *Store }
 
 func (w *World) storeNow() time.Time { t, _ := w.store.ClockNow(); return t }
 
