@@ -57,8 +57,9 @@ type Lease struct {
 	fence  uint64 // fixed at acquisition
 	o      options
 	// lineage and gen place this Lease among the acquisitions of its run
-	// by its holder in this process (see lineage.go); lineage is nil when
-	// the store's identity is unknown. Both are fixed at acquisition.
+	// by its holder in this process (see lineage.go): gen numbers its win.
+	// lineage is nil when the store's identity is unknown. Both are fixed
+	// at acquisition.
 	lineage *lineage
 	gen     uint64
 
@@ -136,13 +137,14 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 	}
 	l := &Lease{store: store, runID: runID, key: LeasePrefix + runID, holder: holder, o: o,
 		token: make(chan struct{}, 1)}
+	var begun uint64
 	if l.lineage = lineageOf(store, l.key, holder); l.lineage != nil {
-		l.gen = l.lineage.begin()
+		begun = l.lineage.begin()
 	}
 	start := time.Now()
 	err := l.acquire(ctx, tryCreate, known)
-	if err == nil && l.lineage != nil {
-		l.lineage.win(l.gen, l.fence)
+	if l.lineage != nil {
+		l.gen = l.lineage.settle(begun, err == nil, l.fence, IsOutcomeUnknown(err))
 	}
 	if h := o.hooks.Acquired; h != nil {
 		h(AcquireEvent{RunID: runID, Holder: holder, Fence: l.fence, Latency: time.Since(start), Err: err})

@@ -17,11 +17,11 @@ import (
 //
 // A holder names one driver, and a driver's Lease values live in its
 // process, so the process can tell: it counts, per store, run and holder,
-// the acquisitions it begins. A Lease judges a row it cannot tell apart
-// (see Lease.ambiguous) by whether an acquisition of the same holder began
-// after its own: if none did, the row is its own; if a later one won, the
-// Lease is superseded; if a later one is in flight or failed, the outcome
-// stays unknown.
+// the acquisitions it begins and wins. A Lease judges a row it cannot tell
+// apart (see Lease.ambiguous) by what the holder's other acquisitions did:
+// if one won after this Lease did, the Lease is superseded; else, if one is
+// in flight (or failed with an unknown outcome), the outcome stays unknown;
+// else the row is its own.
 //
 // The count lives in a lineage shared by the Lease values of one store,
 // run and holder, and lasts as long as one of them does: the process-wide
@@ -39,12 +39,15 @@ type lineageKey struct {
 	holder string
 }
 
-// lineage counts the acquisitions of one store, run and holder.
+// lineage orders the acquisitions of one store, run and holder: seq
+// counts their beginnings and their wins, so a later win has a larger
+// number than every win and beginning before it.
 type lineage struct {
-	mu    sync.Mutex
-	gen   uint64 // the latest acquisition begun
-	won   bool   // it succeeded
-	fence uint64 // at this fence, when won
+	mu        sync.Mutex
+	seq       uint64
+	lastWin   uint64              // seq of the latest win
+	lastFence uint64              // the fence it won
+	open      map[uint64]struct{} // acquisitions begun whose outcome is not settled
 }
 
 // lineageOf returns the lineage of key and holder on store, or nil for a
@@ -74,22 +77,33 @@ func forgetLineage(k lineageKey) {
 	}
 }
 
-// begin records that an acquisition begins, and returns its generation.
+// begin records that an acquisition begins, and returns its number.
 func (c *lineage) begin() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.gen++
-	c.won, c.fence = false, 0
-	return c.gen
+	c.seq++
+	if c.open == nil {
+		c.open = map[uint64]struct{}{}
+	}
+	c.open[c.seq] = struct{}{}
+	return c.seq
 }
 
-// win records that the acquisition of generation gen won fence.
-func (c *lineage) win(gen, fence uint64) {
+// settle records the end of the acquisition numbered begun: won at fence,
+// or failed, with an unknown outcome when unknown (it then stays open: its
+// write may land yet). It returns the number of the win, 0 for a failure.
+func (c *lineage) settle(begun uint64, won bool, fence uint64, unknown bool) uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.gen == gen {
-		c.won, c.fence = true, fence
+	if won || !unknown {
+		delete(c.open, begun)
 	}
+	if !won {
+		return 0
+	}
+	c.seq++
+	c.lastWin, c.lastFence = c.seq, fence
+	return c.seq
 }
 
 // ambiguity is how a Lease must judge a row it cannot tell apart from
@@ -103,9 +117,9 @@ const (
 )
 
 // ambiguous judges a row of this lease's holder and fence, stamped as one
-// of its writes whose outcome is unknown, that a later acquisition by the
-// same holder could have written too. It returns the fence that
-// acquisition won, for ambiguousSuperseded.
+// of its writes whose outcome is unknown, that another acquisition by the
+// same holder could have written too. It returns the fence of the win that
+// superseded this lease, for ambiguousSuperseded.
 func (l *Lease) ambiguous() (ambiguity, uint64) {
 	c := l.lineage
 	if c == nil {
@@ -114,10 +128,10 @@ func (l *Lease) ambiguous() (ambiguity, uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
-	case c.gen == l.gen:
-		return ambiguousOwn, 0
-	case c.won:
-		return ambiguousSuperseded, c.fence
+	case c.lastWin > l.gen:
+		return ambiguousSuperseded, c.lastFence
+	case len(c.open) > 0:
+		return ambiguousUnknown, 0
 	}
-	return ambiguousUnknown, 0
+	return ambiguousOwn, 0
 }

@@ -3,6 +3,7 @@ package runlease
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -286,6 +287,7 @@ func (s *Slots) renewOne(ctx context.Context, h *heldSlot) error {
 		s.mu.Lock()
 		seen := h.seen
 		start := time.Now()
+		prevSent := h.sentMS
 		untilMS := stampMS(s.o.now(), s.o.ttl, h.sentMS)
 		h.sentMS = untilMS
 		s.mu.Unlock()
@@ -304,13 +306,15 @@ func (s *Slots) renewOne(ctx context.Context, h *heldSlot) error {
 			return err
 		case rerr != nil:
 			return rerr
-		case found && cur == next:
+		case found && cur == next && err != nil:
+			// After a refusal, a row equal to next is another Slots' of
+			// the run, stamped in the same millisecond: never this write.
 			s.confirm(h, next, untilMS, start)
 			return nil
 		case err != nil && found && cur == seen:
 			return err // not applied, or not yet
 		}
-		if row, derr := decodeRow(cur); found && derr == nil && s.sentByThis(h, row) && adopted < maxAdopt {
+		if row, derr := decodeRow(cur); found && derr == nil && s.sentByThis(h, row, prevSent) && adopted < maxAdopt {
 			s.mu.Lock()
 			h.seen = cur // an earlier write of this Slots landed after all
 			s.mu.Unlock()
@@ -323,14 +327,15 @@ func (s *Slots) renewOne(ctx context.Context, h *heldSlot) error {
 
 // sentByThis reports whether row, found at h's key, is a write of this
 // Slots whose reply was lost: the run's own row, stamped after h's last
-// confirmed write and no later than the last it sent. Slot rows name the
+// confirmed write and no later than sent, the last it sent before the
+// write just refused (a row equal to that one is another Slots'). Slot rows name the
 // run, not the Slots, so another Slots of the same run (a second claim that
 // re-used the slot, or a replaced driver's) writes rows that name the run
 // too; its rows are not adopted, and its slot is not deleted.
-func (s *Slots) sentByThis(h *heldSlot, row leaseRow) bool {
+func (s *Slots) sentByThis(h *heldSlot, row leaseRow, sent int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return row.Holder == s.runID && row.UntilMS > h.untilMS && row.UntilMS <= h.sentMS
+	return row.Holder == s.runID && row.UntilMS > h.untilMS && row.UntilMS <= min(sent, h.sentMS)
 }
 
 func (s *Slots) confirm(h *heldSlot, next string, untilMS int64, start time.Time) {
@@ -409,7 +414,7 @@ func (s *Slots) releaseOne(ctx context.Context, h *heldSlot) error {
 		case err != nil && cur == seen:
 			return err
 		}
-		if row, derr := decodeRow(cur); derr != nil || !s.sentByThis(h, row) || adopted == maxAdopt {
+		if row, derr := decodeRow(cur); derr != nil || !s.sentByThis(h, row, math.MaxInt64) || adopted == maxAdopt {
 			return nil // another run's now, or another Slots' of this run: leave it
 		}
 		seen = cur
