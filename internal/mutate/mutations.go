@@ -132,7 +132,7 @@ var catalog = []mutation{
 	{
 		Name:   "slot-adopts-other-claims",
 		File:   "slots.go",
-		Old:    "return row.Holder == s.runID && row.UntilMS > h.untilMS && row.UntilMS <= h.sentMS",
+		Old:    "return row.Holder == s.runID && row.UntilMS > h.untilMS && row.UntilMS <= min(sent, h.sentMS)",
 		New:    "return row.Holder == s.runID",
 		Breaks: "A Slots adopts (and Release deletes) a slot row written by another claim of the same run.",
 		Pkg:    ".", Tests: with(slotTests, sims...), Env: simEnv,
