@@ -144,7 +144,7 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 	start := time.Now()
 	err := l.acquire(ctx, tryCreate, known)
 	if l.lineage != nil {
-		l.gen = l.lineage.settle(begun, err == nil, l.fence, IsOutcomeUnknown(err))
+		l.gen = l.lineage.settle(begun, err == nil, IsOutcomeUnknown(err))
 	}
 	if h := o.hooks.Acquired; h != nil {
 		h(AcquireEvent{RunID: runID, Holder: holder, Fence: l.fence, Latency: time.Since(start), Err: err})

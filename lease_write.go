@@ -262,19 +262,16 @@ func (l *Lease) ownRow(row leaseRow) bool {
 // judgeAmbiguous judges a row read back that is one of this lease's
 // writes of unknown outcome, byte for byte, and that a later acquisition
 // by the same holder could have written too (see lineage.go). It returns
-// nil when the row is this lease's own; the loss when a later acquisition
-// won; else the fault of the call, err or, when the call itself was
-// refused, one saying the outcome of the earlier write is still unknown.
+// nil when the row is this lease's own; else the fault of the call, err
+// or, when the call itself was refused, one saying the outcome of the
+// earlier write is still unknown.
 func (l *Lease) judgeAmbiguous(ctx context.Context, err error) error {
-	switch how, fence := l.ambiguous(); how {
-	case ambiguousOwn:
+	if l.ambiguous() == ambiguousOwn {
 		return nil
-	case ambiguousSuperseded:
-		return l.lose(&LeaseLostError{RunID: l.runID, Cause: ErrTakenOver, Holder: l.holder, Fence: fence})
 	}
 	if err == nil {
 		err = &StorageError{Op: "MetaCAS", Key: l.key, Unknown: true,
-			Err: errors.New("the row may be an earlier write of this lease or a later acquisition's by the same holder")}
+			Err: errors.New("the row may be an earlier write of this lease or another acquisition's by the same holder")}
 	}
 	return l.fault(ctx, err)
 }

@@ -19,9 +19,8 @@ import (
 // process, so the process can tell: it counts, per store, run and holder,
 // the acquisitions it begins and wins. A Lease judges a row it cannot tell
 // apart (see Lease.ambiguous) by what the holder's other acquisitions did:
-// if one won after this Lease did, the Lease is superseded; else, if one is
-// in flight (or failed with an unknown outcome), the outcome stays unknown;
-// else the row is its own.
+// if one won after this Lease did, or is in flight (or failed with an
+// unknown outcome), the outcome stays unknown; else the row is its own.
 //
 // The count lives in a lineage shared by the Lease values of one store,
 // run and holder, and lasts as long as one of them does: the process-wide
@@ -43,11 +42,10 @@ type lineageKey struct {
 // counts their beginnings and their wins, so a later win has a larger
 // number than every win and beginning before it.
 type lineage struct {
-	mu        sync.Mutex
-	seq       uint64
-	lastWin   uint64              // seq of the latest win
-	lastFence uint64              // the fence it won
-	open      map[uint64]struct{} // acquisitions begun whose outcome is not settled
+	mu      sync.Mutex
+	seq     uint64
+	lastWin uint64              // seq of the latest win
+	open    map[uint64]struct{} // acquisitions begun whose outcome is not settled
 }
 
 // lineageOf returns the lineage of key and holder on store, or nil for a
@@ -89,10 +87,9 @@ func (c *lineage) begin() uint64 {
 	return c.seq
 }
 
-// settle records the end of the acquisition numbered begun: won at fence,
-// or failed, with an unknown outcome when unknown (it then stays open: its
+// settle records the end of the acquisition numbered begun: won, or failed, with an unknown outcome when unknown (it then stays open: its
 // write may land yet). It returns the number of the win, 0 for a failure.
-func (c *lineage) settle(begun uint64, won bool, fence uint64, unknown bool) uint64 {
+func (c *lineage) settle(begun uint64, won, unknown bool) uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if won || !unknown {
@@ -102,7 +99,7 @@ func (c *lineage) settle(begun uint64, won bool, fence uint64, unknown bool) uin
 		return 0
 	}
 	c.seq++
-	c.lastWin, c.lastFence = c.seq, fence
+	c.lastWin = c.seq
 	return c.seq
 }
 
@@ -111,27 +108,26 @@ func (c *lineage) settle(begun uint64, won bool, fence uint64, unknown bool) uin
 type ambiguity int
 
 const (
-	ambiguousOwn        ambiguity = iota // no later acquisition by its holder: the row is its own
-	ambiguousSuperseded                  // a later acquisition by its holder won: the lease is lost
-	ambiguousUnknown                     // a later one is in flight or failed
+	ambiguousOwn     ambiguity = iota // no later acquisition by its holder: the row is its own
+	ambiguousUnknown                  // a later one is in flight or failed
 )
 
 // ambiguous judges a row of this lease's holder and fence, stamped as one
 // of its writes whose outcome is unknown, that another acquisition by the
-// same holder could have written too. It returns the fence of the win that
-// superseded this lease, for ambiguousSuperseded.
-func (l *Lease) ambiguous() (ambiguity, uint64) {
+// same holder could have written too.
+func (l *Lease) ambiguous() ambiguity {
 	c := l.lineage
 	if c == nil {
-		return ambiguousOwn, 0 // the process cannot tell; see lineageOf
+		return ambiguousOwn // the process cannot tell; see lineageOf
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch {
-	case c.lastWin > l.gen:
-		return ambiguousSuperseded, c.lastFence
-	case len(c.open) > 0:
-		return ambiguousUnknown, 0
+	if c.lastWin > l.gen || len(c.open) > 0 {
+		// Another acquisition won after this lease did, or may yet: the
+		// order in which acquisitions return is not the order in which
+		// their rows landed, so only the store can tell, once the row
+		// moves on to one no Lease of the holder is unsure of.
+		return ambiguousUnknown
 	}
-	return ambiguousOwn, 0
+	return ambiguousOwn
 }

@@ -227,8 +227,8 @@ var catalog = []mutation{
 	{
 		Name:   "ambiguous-row-always-own",
 		File:   "lineage.go",
-		Old:    "case c.lastWin > l.gen:",
-		New:    "case false:",
+		Old:    "if c.lastWin > l.gen || len(c.open) > 0 {",
+		New:    "if false {",
 		Breaks: "A row that a later acquisition by the same holder could have written, byte for byte, is taken as the Lease's own write of unknown outcome: two Leases of one holder hold the run.",
 		Pkg:    ".", Tests: coreTests, Env: simEnv,
 	},
