@@ -111,6 +111,11 @@ type Lease struct {
 // written. A race lost to another acquirer of an expired or released row is
 // retried. A storage fault is returned as a [*StorageError]; when its
 // outcome was unknown, Acquire reads the row back and reports the truth.
+// When it cannot (the row read back is the one it sent, which another
+// Lease of the same holder could have written), the fault it returns is
+// one of unknown outcome, whatever failed after: the run may be held in
+// the holder's name until that row expires, at a fence above the holder's
+// other Leases of the run, which then no longer renew.
 //
 // Acquire takes the options [WithTTL], [WithClock], [WithHooks] and
 // [WithLogger]; the hooks and the logger also serve a [Keeper] of the lease.
@@ -174,16 +179,29 @@ func (l *Lease) acquire(ctx context.Context, tryCreate bool, known *string) erro
 	read := known == nil && !tryCreate
 	told := known != nil // cur is a row told of, not read
 	ambiguous := 0       // writes read back as possibly another Lease's
+	var landed error     // the fault of the last of those: it may be this holder's row
+	// fail is how the acquisition ends without a win. Once a write of it
+	// was read back as landed, the row may be this holder's, at a fence
+	// above every other Lease of the holder: only an unknown outcome tells
+	// the driver so (its other Leases of the run may be superseded, and the
+	// run stays held in its name until the row expires).
+	fail := func(err error) error {
+		if landed == nil || IsOutcomeUnknown(err) || errors.Is(err, ErrTakenOver) {
+			return err // or another holder holds the run since
+		}
+		return &StorageError{Op: "MetaCAS", Key: l.key, Unknown: true,
+			Err: fmt.Errorf("%w, after a write that may have landed (%v)", err, landed)}
+	}
 	for try := 0; try < maxAcquireTries; try++ {
 		if try >= 8 {
 			if err := sleepCtx(ctx, jitter(time.Duration(min(try, 100))*time.Millisecond)); err != nil {
-				return &StorageError{Op: "MetaGet", Key: l.key, Err: err}
+				return fail(&StorageError{Op: "MetaGet", Key: l.key, Err: err})
 			}
 		}
 		if read {
 			raw, found, err := l.store.MetaGet(ctx, l.key)
 			if err != nil {
-				return err
+				return fail(err)
 			}
 			cur = nil
 			if found {
@@ -198,14 +216,17 @@ func (l *Lease) acquire(ctx context.Context, tryCreate bool, known *string) erro
 				continue
 			}
 			if err != nil {
-				return err
+				return fail(err)
 			}
 			fence = row.Fence + 1
 		}
 		told = false
 		next, won, doubt, err := l.tryAcquire(ctx, cur, fence)
-		if err != nil || won {
-			return err
+		if won {
+			return nil
+		}
+		if err != nil {
+			return fail(err)
 		}
 		if doubt != nil {
 			// The write's outcome was unknown, and the row read back is
@@ -219,11 +240,12 @@ func (l *Lease) acquire(ctx context.Context, tryCreate bool, known *string) erro
 			if ambiguous++; ambiguous > maxAmbiguousAcquires {
 				return doubt
 			}
+			landed = doubt
 		}
 		cur, read = next, next == nil
 	}
-	return &StorageError{Op: "MetaCAS", Key: l.key, Retryable: true,
-		Err: fmt.Errorf("lost the race for a free row %d times in a row", maxAcquireTries)}
+	return fail(&StorageError{Op: "MetaCAS", Key: l.key, Retryable: true,
+		Err: fmt.Errorf("lost the race for a free row %d times in a row", maxAcquireTries)})
 }
 
 // claimable decodes raw, the row read, and refuses it when it cannot be

@@ -2,6 +2,7 @@ package runlease_test
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"testing"
 	"testing/synctest"
@@ -155,6 +156,40 @@ func TestLeaseFaultsAreNeverLossesNorLossesSuccesses(t *testing.T) {
 		again, err := runlease.Acquire(ctx, f, "r2", "B", runlease.WithClock(clk.Now))
 		require.NoError(t, err, "the row left is this holder's: retrying re-enters it")
 		assert.Equal(t, uint64(4), again.Fence())
+	})
+
+	t.Run("a_reentry_refused_after_a_write_that_may_have_landed_is_an_unknown_outcome", func(t *testing.T) {
+		t.Parallel()
+		// The re-entry's takeover at fence 2 lands and loses its reply;
+		// its read-back finds the row it sent, which it cannot tell from
+		// another Lease's, so it re-enters over it at fence 3, and that
+		// write is refused. The run is now held in this holder's name at
+		// fence 2: a refusal would tell the driver its first Lease stands.
+		f, first, clk := setupClock(t)
+		f.Next(testkit.Fault{Apply: true}, // the create-if-absent, refused: the row exists
+			testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")},
+			testkit.Fault{Apply: false, Err: testkit.NotApplied("MetaCAS")})
+		_, err := runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now))
+		require.ErrorIs(t, err, runlease.ErrOutcomeUnknown, "an earlier write of the acquisition may be the row stored")
+		require.NotErrorIs(t, err, runlease.ErrLeaseLost)
+		assert.Contains(t, get(t, f, "runlease:r1"), `"fence":2`)
+		require.ErrorIs(t, first.Renew(ctx), runlease.ErrTakenOver, "the first Lease is superseded")
+	})
+
+	t.Run("a_takeover_at_the_last_fence_whose_reply_was_lost_is_an_unknown_outcome", func(t *testing.T) {
+		t.Parallel()
+		// The takeover lands on the largest fence and loses its reply: no
+		// fence is left to re-enter over the row read back, and the row
+		// may be this acquisition's, so the outcome is unknown, not only
+		// "exhausted".
+		f, _, clk := setupClock(t)
+		put(t, f.Store, "runlease:r2", `{"holder":"","fence":`+strconv.FormatUint(math.MaxUint64-1, 10)+`,"until_ms":0}`)
+		f.Next(testkit.Fault{Apply: true}, // the create-if-absent, refused
+			testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+		_, err := runlease.Acquire(ctx, f, "r2", "B", runlease.WithClock(clk.Now))
+		require.ErrorIs(t, err, runlease.ErrOutcomeUnknown)
+		require.ErrorIs(t, err, runlease.ErrFenceExhausted, "and no fence is left")
+		assert.Contains(t, get(t, f, "runlease:r2"), `"holder":"B"`)
 	})
 
 	// A store that is not a pointer has no identity this process can know:

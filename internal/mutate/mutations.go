@@ -233,6 +233,14 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: coreTests, Env: simEnv,
 	},
 	{
+		Name:   "acquire-refusal-after-a-landed-write",
+		File:   "lease.go",
+		Old:    "if landed == nil || IsOutcomeUnknown(err) || errors.Is(err, ErrTakenOver) {",
+		New:    "if true {",
+		Breaks: "An acquisition whose write may have landed (its read-back found the row it sent) and whose next write is refused reports a plain fault: the driver keeps its other Lease of the run, whose keepers trust a row that is no longer theirs.",
+		Pkg:    ".", Tests: coreTests, Env: simEnv,
+	},
+	{
 		Name:   "fence-not-raised",
 		File:   "lease.go",
 		Old:    "fence = row.Fence + 1",

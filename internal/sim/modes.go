@@ -68,6 +68,12 @@ var (
 	lossy = Weather{Name: "lossy", Rates: [numClasses]Rates{
 		LeaseWrite: rates(0, 0.55, 0.15), UserBatch: rates(0, 0.3, 0.4), MultiCAS: rates(0, 0.5, 0.2),
 		SlotWrite: rates(0, 0.55, 0.15), Read: {Fail: 0.8}}}
+	// refusing loses the replies of lease writes or refuses them, and
+	// mostly answers reads: an acquisition reads back the row it sent,
+	// then has its next write refused.
+	refusing = Weather{Name: "refusing", Rates: [numClasses]Rates{
+		LeaseWrite: rates(0.3, 0.4, 0.05), UserBatch: rates(0.2, 0.2, 0.1), MultiCAS: rates(0.2, 0.3, 0.1),
+		Read: {Fail: 0.1}}}
 	down = Weather{Name: "down", Rates: [numClasses]Rates{
 		LeaseWrite: rates(0.3, 0.3, 0.4), UserBatch: rates(0.3, 0.3, 0.4), MultiCAS: rates(0.3, 0.3, 0.4),
 		SlotWrite: rates(0.3, 0.3, 0.4), Read: {Fail: 1}}}
@@ -183,6 +189,11 @@ func init() {
 		Ops: map[string]float64{"acquire": 2, "reenter": 2, "renew": 1, "write": 1, "renew-stale": 2, "write-stale": 1.5,
 			"keep": 1, "stop": 0.5, "release": 0.5, "abandon": 0.3, "prune": 2},
 		Weather: []Weather{healthy, lossy, flaky}})
+	addMode(Mode{Name: "twice", Doc: "one driver acquiring a run twice at once (two goroutines starting it), lost replies, rows pruned so fences start over, the Lease at the lower fence still called",
+		Actors: 3, Runs: 2, Shared: 1, Prune: true, WeatherP: 0.06, Yield: 0.1,
+		Ops: map[string]float64{"acquire": 1, "acquire-twice": 3, "reenter": 1, "renew": 1, "write": 1, "renew-stale": 2, "write-stale": 1,
+			"keep": 1.5, "stop": 0.5, "release": 0.5, "abandon": 0.3, "prune": 1},
+		Weather: []Weather{healthy, refusing, lossy, flaky}})
 	addMode(Mode{Name: "plain", Doc: "slots on a store without batches: claims slot by slot with rollback, kept strictly or not, slot writes of unknown outcome",
 		Actors: 5, Runs: 5, Shared: 1, Plain: true, Strict: true, WeatherP: 0.06, Yield: 0.3,
 		Scopes:  []ScopeSpec{{"mem", 2}, {"principal:p", 1}},

@@ -17,7 +17,7 @@ const (
 
 // structural operations change what an actor holds, so they run alone.
 var structural = map[string]bool{
-	"acquire": true, "acquire-wait": true, "release": true, "keep": true, "keep-shared": true,
+	"acquire": true, "acquire-twice": true, "acquire-wait": true, "release": true, "keep": true, "keep-shared": true,
 	"stop": true, "keeper-release": true, "abandon": true, "close-renewer": true, "claim": true,
 	"slots-release": true, "reenter": true, "release-kept": true,
 }
@@ -77,6 +77,7 @@ func (w *World) validOps(a *actor) []string {
 	act := w.active(a)
 	held := a.lease != nil
 	add("acquire", !held)
+	add("acquire-twice", !held)
 	add("acquire-wait", !held)
 	add("renew", held)
 	add("write", held)
@@ -173,7 +174,7 @@ func (w *World) setLease(a *actor, l Lease) {
 	fence := l.Fence()
 	w.mu.Lock()
 	epoch := w.epoch[l.RunID()]
-	a.lease, a.fence, a.epoch, a.run, a.lost = l, fence, epoch, l.RunID(), false
+	a.lease, a.fence, a.epoch, a.run, a.lost, a.shadowed = l, fence, epoch, l.RunID(), false, false
 	w.leaseEpoch[l] = epoch
 	w.mu.Unlock()
 }
@@ -213,6 +214,11 @@ func (w *World) begin(a *actor, kind string) {
 				w.confirm(l, start)
 			}
 			return err
+		})
+	case "acquire-twice":
+		run := fmt.Sprintf("r%d", w.rng.IntN(w.mode.Runs))
+		w.launch(a, "Acquire "+run+" twice at once", callTimeout+promptly, func(ctx context.Context, o *op) error {
+			return w.acquireTwice(ctx, o, a, run)
 		})
 	case "acquire-wait":
 		run := fmt.Sprintf("r%d", w.rng.IntN(w.mode.Runs))
@@ -427,4 +433,72 @@ func (w *World) begin(a *actor, kind string) {
 			return err
 		})
 	}
+}
+
+// acquireTwice makes two acquisitions of run by a's holder at once, as a
+// driver whose two goroutines both start the run would. Each that wins is
+// a Lease: the one at the higher fence (of the later lineage) is the
+// driver's lease, and the other a stale one that must no longer renew or
+// write. One whose outcome is unknown may have left the row at a higher
+// fence than the winner's, so the winner's keepers count as superseded.
+func (w *World) acquireTwice(ctx context.Context, o *op, a *actor, run string) error {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	type result struct {
+		l     Lease
+		err   error
+		start time.Time
+		epoch int
+	}
+	var res [2]result
+	done := make(chan int, 2)
+	for i := range res {
+		go func() {
+			res[i].start = time.Now()
+			res[i].l, res[i].err = w.api.Acquire(ctx, w.lib(), run, a.holder, w.mode.TTL)
+			if res[i].err == nil {
+				res[i].epoch = w.runEpoch(run)
+			}
+			done <- i
+		}()
+	}
+	<-done
+	<-done
+	var won []result
+	unknown := false
+	for _, r := range res {
+		if r.err == nil {
+			won = append(won, r)
+			w.tracef("  #%d was granted %s at fence %d", o.id, run, r.l.Fence())
+		} else {
+			w.tracef("  #%d one acquisition failed: %v", o.id, errText(r.err))
+			unknown = unknown || runlease.IsOutcomeUnknown(r.err)
+		}
+	}
+	if len(won) == 2 {
+		older, newer := won[0], won[1]
+		if older.epoch > newer.epoch || (older.epoch == newer.epoch && older.l.Fence() > newer.l.Fence()) {
+			older, newer = newer, older
+		}
+		if older.epoch == newer.epoch && older.l.Fence() == newer.l.Fence() {
+			w.violate("reentry-same-fence", fmt.Sprintf("op%d", o.id),
+				"the two acquisitions of %s by %s in #%d were both granted fence %d", run, a.holder, o.id, newer.l.Fence())
+		}
+		w.setLease(a, newer.l)
+		w.confirm(newer.l, newer.start)
+		w.mu.Lock()
+		w.leaseEpoch[older.l] = older.epoch
+		a.stale, a.staleFence, a.staleEpoch = older.l, older.l.Fence(), older.epoch
+		w.mu.Unlock()
+		return nil
+	}
+	if len(won) == 1 {
+		w.setLease(a, won[0].l)
+		w.confirm(won[0].l, won[0].start)
+		w.mu.Lock()
+		a.shadowed = unknown
+		w.mu.Unlock()
+		return nil
+	}
+	return errors.Join(res[0].err, res[1].err)
 }

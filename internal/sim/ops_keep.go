@@ -73,7 +73,8 @@ func (w *World) beginKeep(a *actor, kind string, l Lease, run string, fence uint
 	if w.slotsKept(a) {
 		slots = nil
 	}
-	rec := &keeperRec{id: len(w.keepers) + 1, a: a, lease: l, run: run, holder: a.holder, fence: fence, epoch: epoch, slots: slots, renewer: ri}
+	rec := &keeperRec{id: len(w.keepers) + 1, a: a, lease: l, run: run, holder: a.holder, fence: fence, epoch: epoch, slots: slots, renewer: ri,
+		superseded: a.shadowed && a.lease == l}
 	w.mu.Unlock()
 	spec := KeepSpec{Slots: slots,
 		Lost: func(err error) {

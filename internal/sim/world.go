@@ -38,6 +38,12 @@ type actor struct {
 	lost  bool // a call on lease reported it lost: the driver must drop it
 	slots Slots
 
+	// shadowed is set when an acquisition of run by this driver, made at
+	// the same time as the one that granted lease, failed with an unknown
+	// outcome: its row, at a higher fence, may be in the store, so lease's
+	// keepers count as superseded (see keeperRec.superseded).
+	shadowed bool
+
 	// stale is a lease of this holder on run that a later Acquire by the
 	// same holder replaced (re-entered at a higher fence), kept to call.
 	stale      Lease
@@ -61,7 +67,9 @@ type keeperRec struct {
 	stopped bool
 	trusted time.Time // TrustedUntil at the last fresh look
 	strict  bool      // its slots are kept with KeepSlotsStrict
-	// superseded is set when its driver began to re-enter the run: a row of
+	// superseded is set when its driver began to re-enter the run, or an
+	// acquisition of the run made at the same time as its lease's failed
+	// with an unknown outcome: a row of
 	// the same holder at a higher fence is then its driver's own doing, not
 	// a contender's, and the keeper may trust until its lease finds it.
 	superseded bool
