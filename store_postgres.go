@@ -2,11 +2,13 @@ package runlease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -367,13 +369,37 @@ func (s *PostgresStore) exec(ctx context.Context, op, key, sql string, args ...a
 // do runs stmt on a connection of its own. Taking the connection is a step
 // of its own so that a fault there is known to have sent nothing.
 func (s *PostgresStore) do(ctx context.Context, op, key string, write bool, stmt func(*pgx.Conn) error) error {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return s.fault(ctx, op, key, write, false, err)
-	}
-	defer conn.Release()
-	if err := stmt(conn.Conn()); err != nil {
+	for try := 0; ; try++ {
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return s.fault(ctx, op, key, write, false, err)
+		}
+		err = stmt(conn.Conn())
+		conn.Release() // a connection that broke is destroyed, not pooled again
+		if err == nil {
+			return nil
+		}
+		if try < maxUnsentRetries && ctx.Err() == nil && (pgconn.SafeToRetry(err) || !write && connBroke(err)) {
+			// Nothing reached the server, or the call only reads: the
+			// pooled connection was dead (its server restarted, or a
+			// failover moved the primary), so the call goes out again on
+			// another, or on a new one.
+			continue
+		}
 		return s.fault(ctx, op, key, write, true, err)
 	}
-	return nil
 }
+
+// connBroke reports whether err is the failure of the connection, not an
+// answer of the server.
+func connBroke(err error) bool {
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr) || pgFatal(pgErr)
+}
+
+// maxUnsentRetries bounds how many times one call is sent again after a
+// pooled connection failed before sending anything (or, for a read, at
+// all): after a server restart
+// or failover every idle connection of the pool is dead, and each is found
+// so only when used.
+const maxUnsentRetries = 16
