@@ -36,6 +36,7 @@ type Cluster struct {
 	dir   string   // the cluster's directory: data, socket and log
 	runAs []string // the command prefix that runs a program as the server's OS user
 	port  int
+	extra string // server options beyond serverOptions' own
 }
 
 // StartCluster creates and starts a private cluster for t. Like every
@@ -45,8 +46,18 @@ type Cluster struct {
 // root.
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
+	c := newCluster(t, "")
+	c.initdb()
+	c.Start()
+	return c
+}
+
+// newCluster makes the directory and port of a cluster with no data yet,
+// started with the extra server options given.
+func newCluster(t testing.TB, extra string) *Cluster {
+	t.Helper()
 	DSN(t)
-	c := &Cluster{t: t, bin: serverBin(t)}
+	c := &Cluster{t: t, bin: serverBin(t), extra: extra}
 	dir, err := os.MkdirTemp("", "runlease-pg-")
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
@@ -66,13 +77,17 @@ func StartCluster(t testing.TB) *Cluster {
 		c.runAs = []string{"runuser", "-u", "postgres", "--"}
 	}
 	c.port = freePort(t)
-	c.run("initdb", "-D", c.data(), "-A", "trust", "-U", "runlease", "-E", "UTF8", "--locale=C", "--no-sync")
 	t.Cleanup(func() {
 		// Immediate: the data is thrown away, so there is nothing to flush.
 		c.ctl(true, "stop", "-m", "immediate")
 	})
-	c.Start()
 	return c
+}
+
+// initdb creates the cluster's data directory.
+func (c *Cluster) initdb() {
+	c.t.Helper()
+	c.run("initdb", "-D", c.data(), "-A", "trust", "-U", "runlease", "-E", "UTF8", "--locale=C", "--no-sync")
 }
 
 // DSN returns a DSN for the cluster's database postgres, over TCP.
@@ -105,8 +120,8 @@ func (c *Cluster) data() string { return filepath.Join(c.dir, "data") }
 func (c *Cluster) log() string  { return filepath.Join(c.dir, "server.log") }
 
 func (c *Cluster) serverOptions() string {
-	return fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c max_connections=30 -c shared_buffers=16MB",
-		c.port, c.dir)
+	return fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c max_connections=30 -c shared_buffers=16MB %s",
+		c.port, c.dir, c.extra)
 }
 
 // ctl runs pg_ctl with args and waits for it to finish (-w). With quiet, a
