@@ -165,7 +165,7 @@ func (l *Lease) judgeChanged(cur string, found bool) error {
 	row, derr := decodeRow(cur)
 	switch {
 	case derr == nil && l.ownRow(row):
-		if err := l.judgeAmbiguous(context.Background(), nil); err != nil {
+		if err := l.judgeAmbiguous(context.Background(), row.UntilMS, nil); err != nil {
 			return err
 		}
 		l.adopt(cur)

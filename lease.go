@@ -62,6 +62,7 @@ type Lease struct {
 	// at acquisition.
 	lineage *lineage
 	gen     uint64
+	begun   uint64 // the number of its acquisition, while it runs
 
 	// token is held by the one write in flight, for its whole duration:
 	// a buffered channel rather than a mutex, so that waiting for it can
@@ -142,14 +143,13 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 	}
 	l := &Lease{store: store, runID: runID, key: LeasePrefix + runID, holder: holder, o: o,
 		token: make(chan struct{}, 1)}
-	var begun uint64
 	if l.lineage = lineageOf(store, l.key, holder); l.lineage != nil {
-		begun = l.lineage.begin()
+		l.begun = l.lineage.begin()
 	}
 	start := time.Now()
 	err := l.acquire(ctx, tryCreate, known)
 	if l.lineage != nil {
-		l.gen = l.lineage.settle(begun, err == nil, IsOutcomeUnknown(err))
+		l.gen = l.lineage.settle(l.begun, err == nil, IsOutcomeUnknown(err))
 	}
 	if h := o.hooks.Acquired; h != nil {
 		h(AcquireEvent{RunID: runID, Holder: holder, Fence: l.fence, Latency: time.Since(start), Err: err})
@@ -186,11 +186,14 @@ func (l *Lease) acquire(ctx context.Context, tryCreate bool, known *string) erro
 	// the driver so (its other Leases of the run may be superseded, and the
 	// run stays held in its name until the row expires).
 	fail := func(err error) error {
-		if landed == nil || IsOutcomeUnknown(err) || errors.Is(err, ErrTakenOver) {
-			return err // or another holder holds the run since
+		var corrupt *CorruptRowError
+		if landed == nil || IsOutcomeUnknown(err) || errors.Is(err, ErrTakenOver) || errors.As(err, &corrupt) {
+			return err // or the row read since is another holder's, or not a lease's
 		}
+		// err is kept as text only: the fault matches ErrStorage and
+		// ErrOutcomeUnknown, not a refusal such as ErrFenceExhausted.
 		return &StorageError{Op: "MetaCAS", Key: l.key, Unknown: true,
-			Err: fmt.Errorf("%w, after a write that may have landed (%v)", err, landed)}
+			Err: fmt.Errorf("%v, after a write that may have landed (%v)", err, landed)}
 	}
 	for try := 0; try < maxAcquireTries; try++ {
 		if try >= 8 {
@@ -276,14 +279,17 @@ func (l *Lease) tryAcquire(ctx context.Context, expected *string, fence uint64) 
 	start := time.Now()
 	untilMS := stampMS(l.o.now(), l.o.ttl, 0)
 	row := leaseRow{Holder: l.holder, Fence: fence, UntilMS: untilMS}.encode()
+	if l.lineage != nil {
+		l.lineage.send(l.begun, fence, untilMS)
+	}
 	ok, err := l.store.MetaCAS(ctx, l.key, expected, row)
-	if err == nil && !ok {
-		return nil, false, nil, nil
+	if (err == nil && !ok) || (err != nil && !IsOutcomeUnknown(err)) {
+		if l.lineage != nil {
+			l.lineage.refused(l.begun, fence, untilMS) // it never lands
+		}
+		return nil, false, nil, err
 	}
 	if err != nil {
-		if !IsOutcomeUnknown(err) {
-			return nil, false, nil, err
-		}
 		raw, found, rerr := l.store.MetaGet(ctx, l.key)
 		switch {
 		case rerr != nil:

@@ -188,7 +188,7 @@ func TestLeaseFaultsAreNeverLossesNorLossesSuccesses(t *testing.T) {
 			testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
 		_, err := runlease.Acquire(ctx, f, "r2", "B", runlease.WithClock(clk.Now))
 		require.ErrorIs(t, err, runlease.ErrOutcomeUnknown)
-		require.ErrorIs(t, err, runlease.ErrFenceExhausted, "and no fence is left")
+		require.NotErrorIs(t, err, runlease.ErrFenceExhausted, "not a refusal: the row may be this acquisition's")
 		assert.Contains(t, get(t, f, "runlease:r2"), `"holder":"B"`)
 	})
 

@@ -192,7 +192,7 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBat
 			// after a refusal, a row equal to next is another Lease's (of
 			// this holder, at this fence, after a prune started the run's
 			// fences over, stamped in the same millisecond).
-			if lost := l.judgeAmbiguous(ctx, err); lost != nil {
+			if lost := l.judgeAmbiguous(ctx, untilMS, err); lost != nil {
 				return lost
 			}
 			l.confirm(kind, next, untilMS, start)
@@ -215,7 +215,7 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBat
 			// An earlier write of this lease landed after all (its reply
 			// was lost). The write just tried expected seen, so it did not
 			// land and never will: the row has moved on from seen for good.
-			if lost := l.judgeAmbiguous(ctx, err); lost != nil {
+			if lost := l.judgeAmbiguous(ctx, row.UntilMS, err); lost != nil {
 				return lost
 			}
 			l.adopt(cur)
@@ -259,14 +259,14 @@ func (l *Lease) ownRow(row leaseRow) bool {
 	return slices.Contains(l.doubt, row.UntilMS)
 }
 
-// judgeAmbiguous judges a row read back that is one of this lease's
-// writes of unknown outcome, byte for byte, and that a later acquisition
+// judgeAmbiguous judges a row read back, stamped untilMS, that is one of
+// this lease's writes of unknown outcome, byte for byte, and that a later acquisition
 // by the same holder could have written too (see lineage.go). It returns
 // nil when the row is this lease's own; else the fault of the call, err
 // or, when the call itself was refused, one saying the outcome of the
 // earlier write is still unknown.
-func (l *Lease) judgeAmbiguous(ctx context.Context, err error) error {
-	if l.ambiguous() == ambiguousOwn {
+func (l *Lease) judgeAmbiguous(ctx context.Context, untilMS int64, err error) error {
+	if l.ambiguous(untilMS) == ambiguousOwn {
 		return nil
 	}
 	if err == nil {

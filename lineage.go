@@ -3,6 +3,7 @@ package runlease
 import (
 	"reflect"
 	"runtime"
+	"slices"
 	"sync"
 	"weak"
 )
@@ -19,8 +20,9 @@ import (
 // process, so the process can tell: it counts, per store, run and holder,
 // the acquisitions it begins and wins. A Lease judges a row it cannot tell
 // apart (see Lease.ambiguous) by what the holder's other acquisitions did:
-// if one won after this Lease did, or is in flight (or failed with an
-// unknown outcome), the outcome stays unknown; else the row is its own.
+// if one won after this Lease did, or one in flight (or failed with an
+// unknown outcome) sent the same bytes, the outcome stays unknown; else
+// the row is its own.
 //
 // The count lives in a lineage shared by the Lease values of one store,
 // run and holder, and lasts as long as one of them does: the process-wide
@@ -44,8 +46,14 @@ type lineageKey struct {
 type lineage struct {
 	mu      sync.Mutex
 	seq     uint64
-	lastWin uint64              // seq of the latest win
-	open    map[uint64]struct{} // acquisitions begun whose outcome is not settled
+	lastWin uint64               // seq of the latest win
+	open    map[uint64][]sentRow // acquisitions begun and not won, with the rows they sent that may land or have landed
+}
+
+// sentRow is a row an acquisition sent: the holder is the lineage's.
+type sentRow struct {
+	fence   uint64
+	untilMS int64
 }
 
 // lineageOf returns the lineage of key and holder on store, or nil for a
@@ -81,10 +89,28 @@ func (c *lineage) begin() uint64 {
 	defer c.mu.Unlock()
 	c.seq++
 	if c.open == nil {
-		c.open = map[uint64]struct{}{}
+		c.open = map[uint64][]sentRow{}
 	}
-	c.open[c.seq] = struct{}{}
+	c.open[c.seq] = nil
 	return c.seq
+}
+
+// send records, before it is sent, a row the acquisition numbered begun
+// writes; refused, after the store refused it for certain.
+func (c *lineage) send(begun, fence uint64, untilMS int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rows, ok := c.open[begun]; ok {
+		c.open[begun] = append(rows, sentRow{fence, untilMS})
+	}
+}
+
+func (c *lineage) refused(begun, fence uint64, untilMS int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rows, ok := c.open[begun]; ok {
+		c.open[begun] = slices.DeleteFunc(rows, func(r sentRow) bool { return r == sentRow{fence, untilMS} })
+	}
 }
 
 // settle records the end of the acquisition numbered begun: won, or failed, with an unknown outcome when unknown (it then stays open: its
@@ -112,22 +138,34 @@ const (
 	ambiguousUnknown                  // a later one is in flight or failed
 )
 
-// ambiguous judges a row of this lease's holder and fence, stamped as one
-// of its writes whose outcome is unknown, that another acquisition by the
-// same holder could have written too.
-func (l *Lease) ambiguous() ambiguity {
+// ambiguous judges a row of this lease's holder and fence, stamped untilMS
+// as one of its writes whose outcome is unknown, that another acquisition
+// by the same holder could have written too.
+func (l *Lease) ambiguous(untilMS int64) ambiguity {
 	c := l.lineage
 	if c == nil {
 		return ambiguousOwn // the process cannot tell; see lineageOf
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.lastWin > l.gen || len(c.open) > 0 {
-		// Another acquisition won after this lease did, or may yet: the
-		// order in which acquisitions return is not the order in which
-		// their rows landed, so only the store can tell, once the row
-		// moves on to one no Lease of the holder is unsure of.
+	if c.lastWin > l.gen {
+		// Another acquisition won after this lease did: the order in
+		// which acquisitions return is not the order in which their rows
+		// landed, so only the store can tell, once the row moves on to
+		// one no Lease of the holder is unsure of.
 		return ambiguousUnknown
+	}
+	// An acquisition not won (in flight, or failed with an unknown
+	// outcome) that sent these very bytes may have written the row. It
+	// records each row before sending it, so a row read back after it
+	// landed is always found here; rows it did not send never match, so
+	// one such acquisition does not make every later doubt of the live
+	// Lease unknown.
+	want := sentRow{l.fence, untilMS}
+	for _, rows := range c.open {
+		if slices.Contains(rows, want) {
+			return ambiguousUnknown
+		}
 	}
 	return ambiguousOwn
 }

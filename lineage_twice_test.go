@@ -1,0 +1,250 @@
+package runlease_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sort"
+	"strconv"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
+)
+
+// TestTwiceNoOpReentryDoesNotWedgeTheWinner: one driver acquires a run
+// from two goroutines at once (the "twice" workload). Acquisition A reads
+// the row and sends fence 2; before it lands, acquisition B (same holder,
+// same millisecond) writes the very same bytes and wins fence 2. A's write
+// is not applied, its reply lost; its read-back finds B's row, equal to the
+// one A sent, so A re-enters over it at fence 3, and that write certainly
+// does not apply either. A reports an unknown outcome and stays open in the
+// lineage, although none of A's writes landed or can land: B's renewals,
+// stamped with rows A never sent, must still be confirmed when their
+// replies are lost, on a healthy store.
+// (TestLineageAFailedReentryDoesNotWedgeTheLiveLease states the property:
+// a re-entry that certainly did not apply must not wedge the live Lease.)
+func TestTwiceNoOpReentryDoesNotWedgeTheWinner(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithClock(clk.Now)}
+	first, err := runlease.Acquire(ctx, f, "r1", "A", opts...)
+	require.NoError(t, err)
+
+	var b *runlease.Lease
+	f.Next(
+		testkit.Fault{Apply: true}, // A's create-if-absent: refused, the row exists
+		testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS"), Then: func() {
+			// B acquires in the same millisecond, writing the row A sent.
+			var err error
+			b, err = runlease.Acquire(ctx, f, "r1", "A", opts...)
+			require.NoError(t, err)
+			// A's re-entry over B's row, at fence 3, is not applied.
+			f.Next(testkit.Fault{Apply: false, Err: testkit.NotApplied("MetaCAS")})
+		}})
+	_, errA := runlease.Acquire(ctx, f, "r1", "A", opts...)
+	require.NotNil(t, b)
+	require.Equal(t, uint64(2), b.Fence())
+	t.Logf("A: %v", errA)
+	rowB := get(t, f, "runlease:r1")
+	require.Contains(t, rowB, `"fence":2`, "none of A's writes landed: the row is B's")
+	require.ErrorIs(t, first.Renew(ctx), runlease.ErrTakenOver)
+
+	// B is the run's holder. Its renewal lands with the reply lost.
+	clk.Advance(time.Millisecond)
+	f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+	err1 := b.Renew(ctx)
+	t.Logf("B's renewal whose reply was lost: %v", err1)
+	// From now on the store is healthy. B must be able to confirm.
+	var last error
+	for i := range 5 {
+		clk.Advance(time.Millisecond)
+		if last = b.Renew(ctx); last == nil {
+			break
+		}
+		t.Logf("healthy renewal %d of B: %v", i, last)
+	}
+	require.NoError(t, last,
+		"B, the run's only holder, never confirms a renewal on a healthy store: A's acquisition, none of whose writes landed, stays open in the lineage for ever")
+}
+
+// TestTwiceRefusedReentryDoesNotWedgeTheNextLease: a re-entry's takeover
+// lands with its reply lost, its re-entry over that row is certainly not
+// applied: Acquire reports an unknown outcome, rightly, and the
+// first Lease is superseded. The driver acquires again and wins fence 3
+// over the row; no write of the failed acquisition can land any more (one
+// landed and is overwritten, the other was not applied). Yet the failed
+// acquisition stays open in the lineage; the new Lease's renewal whose
+// reply is lost must still be confirmed, since its row is one the failed
+// acquisition never sent.
+func TestTwiceRefusedReentryDoesNotWedgeTheNextLease(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithClock(clk.Now)}
+	first, err := runlease.Acquire(ctx, f, "r1", "A", opts...)
+	require.NoError(t, err)
+
+	f.Next(testkit.Fault{Apply: true}, // the create-if-absent, refused
+		testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")},
+		testkit.Fault{Apply: false, Err: testkit.NotApplied("MetaCAS")})
+	_, err = runlease.Acquire(ctx, f, "r1", "A", opts...)
+	require.ErrorIs(t, err, runlease.ErrOutcomeUnknown)
+	require.ErrorIs(t, first.Renew(ctx), runlease.ErrTakenOver)
+
+	clk.Advance(time.Millisecond)
+	l2, err := runlease.Acquire(ctx, f, "r1", "A", opts...)
+	require.NoError(t, err)
+	require.Equal(t, uint64(3), l2.Fence())
+
+	clk.Advance(time.Millisecond)
+	f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+	t.Logf("renewal whose reply was lost: %v", l2.Renew(ctx))
+	var last error
+	for i := range 5 {
+		clk.Advance(time.Millisecond)
+		if last = l2.Renew(ctx); last == nil {
+			break
+		}
+		t.Logf("healthy renewal %d: %v", i, last)
+	}
+	require.NoError(t, last, "the run's only Lease never confirms a renewal on a healthy store")
+}
+
+// wedgedTwice sets up the schedule of TestTwiceNoOpReentryDoesNotWedgeTheWinner
+// with the store's clock the wall clock (under synctest it stands still
+// until every goroutine blocks), and returns the store and B, the winner.
+func wedgedTwice(t *testing.T, f *testkit.Faulty, opts ...runlease.Option) *runlease.Lease {
+	t.Helper()
+	ctx := t.Context()
+	_, err := runlease.Acquire(ctx, f, "r1", "A", opts...)
+	require.NoError(t, err)
+	var b *runlease.Lease
+	f.Next(
+		testkit.Fault{Apply: true},
+		testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS"), Then: func() {
+			var err error
+			b, err = runlease.Acquire(ctx, f, "r1", "A", opts...)
+			require.NoError(t, err)
+			f.Next(testkit.Fault{Apply: false, Err: testkit.NotApplied("MetaCAS")})
+		}})
+	_, err = runlease.Acquire(ctx, f, "r1", "A", opts...)
+	require.ErrorIs(t, err, runlease.ErrOutcomeUnknown)
+	require.NotNil(t, b)
+	require.Equal(t, uint64(2), b.Fence())
+	return b
+}
+
+// TestTwiceNoOpReentryDoesNotEndTheWinnersKeeper: the same schedule,
+// with B kept by a Keeper on a store that is healthy but for one lost
+// reply: the keeper confirms its next renewals and keeps trusting, its
+// row live and B's own the whole time (it must not end in ErrTrustExpired).
+func TestTwiceNoOpReentryDoesNotEndTheWinnersKeeper(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		f := &testkit.Faulty{Store: bubbleStore(t)}
+		b := wedgedTwice(t, f, runlease.WithTTL(runlease.MinTTL))
+		k, err := runlease.Keep(t.Context(), b, runlease.KeepInterval(time.Second))
+		require.NoError(t, err)
+		defer k.Stop()
+		f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")}) // one lost reply
+		time.Sleep(30 * time.Second)
+		row := get(t, f, "runlease:r1")
+		require.Contains(t, row, `"fence":2`)
+		require.NoError(t, k.Err(), "the keeper of the run's only holder gave up on a healthy store; row %s", row)
+	})
+}
+
+// sentinels lists the package's sentinels err matches.
+func sentinels(err error) []string {
+	var out []string
+	for name, s := range map[string]error{
+		"ErrInvalidArgument": runlease.ErrInvalidArgument, "ErrCorruptRow": runlease.ErrCorruptRow,
+		"ErrFenceExhausted": runlease.ErrFenceExhausted, "ErrStoreLocked": runlease.ErrStoreLocked,
+		"ErrStorage": runlease.ErrStorage, "ErrSchemaMismatch": runlease.ErrSchemaMismatch,
+		"ErrStoreClosed": runlease.ErrStoreClosed, "ErrLeaseLost": runlease.ErrLeaseLost,
+		"ErrConcurrencyLimit": runlease.ErrConcurrencyLimit, "ErrSlotLost": runlease.ErrSlotLost,
+		"ErrConditionFailed": runlease.ErrConditionFailed, "ErrKeeperStopped": runlease.ErrKeeperStopped,
+	} {
+		if errors.Is(err, s) {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestTwiceUnknownAcquisitionMatchesOneSentinel: errors.go promises
+// "Every error returned by this package matches exactly one of them with
+// errors.Is". An acquisition whose write may have landed and that then
+// meets a refusal (fence exhausted) is an unknown outcome, matching
+// ErrStorage alone: a caller that tests errors.Is(err, ErrFenceExhausted)
+// first ("refused: nothing was written") must not take an acquisition whose
+// row may be stored for a definite refusal. A corrupt row read since is a
+// refusal: whatever landed was overwritten.
+func TestTwiceUnknownAcquisitionMatchesOneSentinel(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	t.Run("fence_exhausted", func(t *testing.T) {
+		t.Parallel()
+		f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+		put(t, f.Store, "runlease:r2", `{"holder":"","fence":`+strconv.FormatUint(math.MaxUint64-1, 10)+`,"until_ms":0}`)
+		f.Next(testkit.Fault{Apply: true}, testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+		_, err := runlease.Acquire(ctx, f, "r2", "B", runlease.WithClock(clk.Now))
+		require.ErrorIs(t, err, runlease.ErrOutcomeUnknown)
+		require.Equal(t, []string{"ErrStorage"}, sentinels(err), "%v", err)
+	})
+	t.Run("corrupt_row", func(t *testing.T) {
+		t.Parallel()
+		// The re-entry's takeover lands, reply lost; its re-entry over its
+		// own row is refused, because an operator's tool overwrote the row
+		// with one that does not parse.
+		f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+		_, err := runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		f.Next(testkit.Fault{Apply: true},
+			testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")},
+			testkit.Fault{Apply: false, Then: func() {
+				raw := get(t, f.Store, "runlease:r1")
+				ok, err := f.Store.MetaCAS(ctx, "runlease:r1", &raw, "garbage")
+				require.NoError(t, err)
+				require.True(t, ok)
+			}})
+		_, err = runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now))
+		// The row read is not a lease's: whatever landed was overwritten,
+		// so the refusal stands, and matches that sentinel alone.
+		require.ErrorIs(t, err, runlease.ErrCorruptRow)
+		require.NotErrorIs(t, err, runlease.ErrOutcomeUnknown)
+		require.Equal(t, []string{"ErrCorruptRow"}, sentinels(err), "%v", err)
+	})
+}
+
+// TestTwiceAcquireWaitContextEndAfterLandedWriteIsBareCtxErr: as
+// documented, AcquireWait returns ctx.Err() itself when its context
+// ends, even when the acquisition's error was an unknown outcome after a
+// write read back as landed, so IsOutcomeUnknown is false while the row
+// stored is the one it wrote, at a fence above the driver's first Lease.
+// AcquireWait's doc says a context's end may leave such a row; the driver
+// must treat ctx.Err() from AcquireWait as an unknown outcome.
+func TestTwiceAcquireWaitContextEndAfterLandedWriteIsBareCtxErr(t *testing.T) {
+	t.Parallel()
+	f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithClock(clk.Now)}
+	first, err := runlease.Acquire(t.Context(), f, "r1", "A", opts...)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	f.Next(testkit.Fault{Apply: true}, // the create-if-absent, refused
+		testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")},                   // fence 2 lands, reply lost
+		testkit.Fault{Apply: false, Then: cancel, Err: testkit.NotApplied("MetaCAS")}) // fence 3: ctx ends
+	_, err = runlease.AcquireWait(ctx, f, "r1", "A", opts...)
+	require.Equal(t, context.Canceled, err)
+	require.False(t, runlease.IsOutcomeUnknown(err))
+	require.Contains(t, get(t, f, "runlease:r1"), `"fence":2`, "the row AcquireWait's acquisition wrote is stored")
+	require.ErrorIs(t, first.Renew(t.Context()), runlease.ErrTakenOver)
+}
