@@ -1,0 +1,98 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+)
+
+func TestEveryCommandHasHelp(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range commands {
+		for _, args := range [][]string{{cmd.name, "--help"}, {cmd.name, "-h"}, {"help", cmd.name}} {
+			r := runCLI(t, args...)
+			assert.Equal(t, exitOK, r.code, args)
+			assert.True(t, strings.HasPrefix(r.stdout, "Usage: runlease "+cmd.name+" "), r.stdout)
+			assert.Regexp(t, `(?m)^  --help\s+show this help$`, r.stdout)
+			assert.Empty(t, r.stderr)
+		}
+	}
+}
+
+func TestHelpDocumentsExitCodesAndJSONFields(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, "peek", "--help")
+	for _, re := range []string{`(?m)^  0  held`, `(?m)^  3  free`, `(?m)^  4  absent`, `(?m)^  1  error`, `(?m)^  2  usage`} {
+		assert.Regexp(t, re, r.stdout)
+	}
+	r = runCLI(t, "status", "--help")
+	for _, field := range []string{"run_id", "state", "holder", "fence", "until", "expires_in_ms",
+		"takeover_possible", "takeover_at", "row", "scope", "used", "limit", "slots[]", "corrupt", "key"} {
+		assert.Contains(t, r.stdout, field)
+	}
+	for _, flag := range []string{"--db PATH", "--postgres DSN", "--table NAME", "--json", "--watch DURATION", "--limit scope=N"} {
+		assert.Contains(t, r.stdout, flag)
+	}
+}
+
+func TestTopLevelUsage(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, "help")
+	require.Equal(t, exitOK, r.code)
+	for _, cmd := range commands {
+		assert.Regexp(t, `(?m)^  `+cmd.name+`\s+\S`, r.stdout)
+	}
+	assert.Contains(t, r.stdout, "3 peek: free")
+
+	r = runCLI(t)
+	assert.Equal(t, exitUsage, r.code)
+	assert.Contains(t, r.stderr, "Commands:")
+
+	r = runCLI(t, "frobnicate")
+	assert.Equal(t, exitUsage, r.code)
+	assert.Equal(t, "runlease: RUN-E001: unknown command \"frobnicate\" (see runlease help)\n", r.stderr)
+}
+
+func TestSchemaPrintsTheDDL(t *testing.T) {
+	t.Parallel()
+	want, err := runlease.PostgresSchema(runlease.DefaultPostgresTable)
+	require.NoError(t, err)
+	r := runCLI(t, "schema")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.Equal(t, want+";\n", r.stdout)
+
+	r = runCLI(t, "schema", "--table", "ops.Leases")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.Equal(t, `CREATE TABLE IF NOT EXISTS "ops"."Leases" (key text COLLATE "C" PRIMARY KEY, value text NOT NULL);`+"\n", r.stdout)
+
+	r = runCLI(t, "schema", "--table", "a.b.c")
+	assert.Equal(t, exitUsage, r.code)
+	assert.Regexp(t, `^runlease: RUN-E001: invalid table`, r.stderr)
+
+	r = runCLI(t, "schema", "extra")
+	assert.Equal(t, exitUsage, r.code)
+}
+
+func TestTopLevelUsageNamesTheStoreFlags(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, "help")
+	for _, flag := range []string{"--db PATH", "--postgres DSN", "--table NAME", "--timeout D"} {
+		assert.Contains(t, r.stdout, flag)
+	}
+	r = runCLI(t, "status", "--help")
+	assert.Regexp(t, `(?m)^  --timeout DURATION\s+give up on the store after DURATION .*\(default 10s\)$`, r.stdout)
+}
+
+func TestStatusHelpDocumentsFiltersAndTheCorruptStatus(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, "status", "--help")
+	for _, s := range []string{"--state STATE", "--run PREFIX", "--max N", "exits with status 5", "  table ", "  omitted "} {
+		assert.Contains(t, r.stdout, s)
+	}
+	r = runCLI(t, "help")
+	assert.Contains(t, r.stdout, "5 status: it shows a\ncorrupt row")
+}

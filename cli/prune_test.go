@@ -1,0 +1,95 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+)
+
+// storedKeys returns every key of the SQLite store at path.
+func storedKeys(t *testing.T, path string) []string {
+	t.Helper()
+	rows, err := openDB(t, path).MetaScan(t.Context(), "")
+	require.NoError(t, err)
+	var out []string
+	for _, r := range rows {
+		out = append(out, r.Key)
+	}
+	return out
+}
+
+func TestPruneDryRunListsAndRemovesNothing(t *testing.T) {
+	t.Parallel()
+	path := newDB(t)
+	before := storedKeys(t, path)
+	r := runCLI(t, "prune", "--older-than", "1h", "--dry-run", "--db", path)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "restarts at fence 1")
+	for _, re := range []string{
+		`(?m)^ROW\s+NAME\s+FENCE\s+ENDED$`,
+		`(?m)^lease\s+expired-run\s+1\s+1h59m(\d+s)? ago$`,
+		`(?m)^lease\s+released-run\s+2\s+released 3h(\d+s)? ago$`,
+		`(?m)^slot\s+runslot:mem:1\s+-\s+-$`,
+	} {
+		assert.Regexp(t, re, r.stdout)
+	}
+	assert.NotContains(t, r.stdout, runLive)
+	assert.NotContains(t, r.stdout, runCorrupt)
+	assert.Contains(t, r.stdout, "dry run: 2 lease rows and 1 slot row would be removed; nothing was")
+	assert.Equal(t, before, storedKeys(t, path))
+}
+
+func TestPruneRemovesOldFreeRows(t *testing.T) {
+	t.Parallel()
+	path := newDB(t)
+	r := runCLI(t, "prune", "--older-than", "90m", "--yes", "--db", path)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	warn := strings.Index(r.stdout, "Pruning forgets fences")
+	list := strings.Index(r.stdout, "lease  expired-run")
+	assert.True(t, warn >= 0 && list > warn, "the fence warning comes first:\n%s", r.stdout)
+	assert.Contains(t, r.stdout, "removed 2 lease rows and 1 slot row")
+	assert.Equal(t, []string{
+		runlease.LeasePrefix + runCorrupt,
+		runlease.LeasePrefix + runLive,
+		"runslot:mem:0",
+		"runslot:principal:alice:0",
+	}, storedKeys(t, path), "live and corrupt rows stay")
+
+	r = runCLI(t, "prune", "--older-than", "7d", "--db", path)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "nothing to prune")
+}
+
+func TestPruneAsksOnATerminal(t *testing.T) {
+	t.Parallel()
+	path := newDB(t)
+	before := storedKeys(t, path)
+	r := session{stdin: strings.NewReader("no\n"), tty: true}.run(t, "prune", "--older-than", "1h", "--db", path)
+	assert.Equal(t, exitError, r.code)
+	assert.Contains(t, r.stdout, "remove 2 lease rows and 1 slot row? [y/N] ")
+	assert.Contains(t, r.stderr, "aborted at the prompt")
+	assert.Equal(t, before, storedKeys(t, path))
+
+	r = session{stdin: strings.NewReader("y\n"), tty: true}.run(t, "prune", "--older-than", "1h", "--db", path)
+	assert.Equal(t, exitOK, r.code, r.stderr)
+	assert.Len(t, storedKeys(t, path), len(before)-3)
+}
+
+func TestPruneUsageErrors(t *testing.T) {
+	t.Parallel()
+	path := newDB(t)
+	for _, args := range [][]string{
+		{"prune", "--db", path},
+		{"prune", "--older-than", "soon", "--db", path},
+		{"prune", "--older-than", "-1h", "--db", path},
+		{"prune", "--older-than", "1h", "--db", path, "extra"},
+	} {
+		r := runCLI(t, args...)
+		assert.Equal(t, exitUsage, r.code, args)
+		assert.Regexp(t, `^runlease: RUN-E001: prune: `, r.stderr)
+	}
+}
