@@ -3,6 +3,7 @@ module github.com/areev/runlease/etcdstore
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/areev/runlease v0.0.0
 	github.com/stretchr/testify v1.12.1
 	go.etcd.io/etcd/api/v3 v3.7.3
