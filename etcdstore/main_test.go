@@ -27,7 +27,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	cluster, clusterErr = etcdtest.Start(dir)
+	// RUNLEASE_ETCD_FSYNC=1 runs the members as production does, for
+	// benchmarks; tests leave it off and are faster for it.
+	cluster, clusterErr = etcdtest.StartWith(dir, etcdtest.Options{Fsync: os.Getenv("RUNLEASE_ETCD_FSYNC") == "1"})
 	if clusterErr != nil && os.Getenv("CI") == "true" {
 		fmt.Fprintf(os.Stderr, "etcdstore tests: CI=true requires a real etcd cluster, and none could be started: %v\n", clusterErr)
 		os.Exit(1)

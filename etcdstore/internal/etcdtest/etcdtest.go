@@ -36,6 +36,7 @@ const startTimeout = 90 * time.Second
 type Cluster struct {
 	bin     string
 	dir     string
+	opts    Options
 	mu      sync.Mutex
 	members []*member
 }
@@ -86,14 +87,25 @@ func Binary() (string, error) {
 	return bin, nil
 }
 
+// Options change how the members run.
+type Options struct {
+	// Fsync makes members sync their log to disk before they acknowledge,
+	// as a production cluster does. Tests check semantics, not durability,
+	// and leave it off, which makes them fast; benchmarks turn it on.
+	Fsync bool
+}
+
 // Start builds (or finds) the server and starts a cluster of [Members]
 // members with data under dir, and waits until every member answers.
-func Start(dir string) (*Cluster, error) {
+func Start(dir string) (*Cluster, error) { return StartWith(dir, Options{}) }
+
+// StartWith is [Start] with options.
+func StartWith(dir string, opts Options) (*Cluster, error) {
 	bin, err := Binary()
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{bin: bin, dir: dir}
+	c := &Cluster{bin: bin, dir: dir, opts: opts}
 	ports, err := freePorts(2 * Members)
 	if err != nil {
 		return nil, err
@@ -140,7 +152,7 @@ func (c *Cluster) startMember(m *member, state string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(c.bin,
+	args := []string{
 		"--name", m.name,
 		"--data-dir", m.dataDir,
 		"--listen-client-urls", m.clientURL,
@@ -154,11 +166,12 @@ func (c *Cluster) startMember(m *member, state string) error {
 		// longer than the default 1 s election timeout.
 		"--heartbeat-interval", "200",
 		"--election-timeout", "3000",
-		// The tests check semantics, not durability; fsync would only
-		// make them slow.
-		"--unsafe-no-fsync",
 		"--log-level", "warn",
-	)
+	}
+	if !c.opts.Fsync {
+		args = append(args, "--unsafe-no-fsync")
+	}
+	cmd := exec.Command(c.bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
