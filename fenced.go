@@ -165,9 +165,6 @@ func (l *Lease) judgeChanged(cur string, found bool) error {
 	row, derr := decodeRow(cur)
 	switch {
 	case derr == nil && l.ownRow(row):
-		if err := l.judgeAmbiguous(context.Background(), row.UntilMS, nil); err != nil {
-			return err
-		}
 		l.adopt(cur)
 		return nil
 	case derr == nil && row.Holder == "" && row.Fence == l.fence:

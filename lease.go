@@ -56,13 +56,10 @@ type Lease struct {
 	holder string
 	fence  uint64 // fixed at acquisition
 	o      options
-	// lineage and gen place this Lease among the acquisitions of its run
-	// by its holder in this process (see lineage.go): gen numbers its win.
-	// lineage is nil when the store's identity is unknown. Both are fixed
-	// at acquisition.
+	// lineage stamps the rows of every Lease of this run and holder at
+	// this fence in this process, so that no two are equal (see
+	// lineage.go). Fixed at acquisition.
 	lineage *lineage
-	gen     uint64
-	begun   uint64 // the number of its acquisition, while it runs
 
 	// token is held by the one write in flight, for its whole duration:
 	// a buffered channel rather than a mutex, so that waiting for it can
@@ -112,9 +109,8 @@ type Lease struct {
 // written. A race lost to another acquirer of an expired or released row is
 // retried. A storage fault is returned as a [*StorageError]; when its
 // outcome was unknown, Acquire reads the row back and reports the truth.
-// When it cannot (the row read back is the one it sent, which another
-// Lease of the same holder could have written), the fault it returns is
-// one of unknown outcome, whatever failed after: the run may be held in
+// When it cannot (the read fails too, or the write has not landed yet),
+// the fault it returns is one of unknown outcome: the run may be held in
 // the holder's name until that row expires, at a fence above the holder's
 // other Leases of the run, which then no longer renew.
 //
@@ -143,14 +139,8 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 	}
 	l := &Lease{store: store, runID: runID, key: LeasePrefix + runID, holder: holder, o: o,
 		token: make(chan struct{}, 1)}
-	if l.lineage = lineageOf(store, l.key, holder); l.lineage != nil {
-		l.begun = l.lineage.begin()
-	}
 	start := time.Now()
 	err := l.acquire(ctx, tryCreate, known)
-	if l.lineage != nil {
-		l.gen = l.lineage.settle(l.begun, err == nil, IsOutcomeUnknown(err))
-	}
 	if h := o.hooks.Acquired; h != nil {
 		h(AcquireEvent{RunID: runID, Holder: holder, Fence: l.fence, Latency: time.Since(start), Err: err})
 	}
@@ -165,12 +155,6 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 // each lost race means another acquirer won, which makes the row live.
 const maxAcquireTries = 1000
 
-// maxAmbiguousAcquires bounds how many times in one Acquire a write whose
-// outcome was unknown, read back as the row it sent, is re-entered over at
-// the next fence. Past it the fault is returned: on a store that loses
-// every reply, each round would only burn a fence.
-const maxAmbiguousAcquires = 2
-
 // acquire writes the lease row: over known when given, else
 // create-if-absent first when tryCreate; then over the row read, while the
 // row keeps changing under it.
@@ -178,33 +162,16 @@ func (l *Lease) acquire(ctx context.Context, tryCreate bool, known *string) erro
 	cur := known // the row last read or told of; nil when absent
 	read := known == nil && !tryCreate
 	told := known != nil // cur is a row told of, not read
-	ambiguous := 0       // writes read back as possibly another Lease's
-	var landed error     // the fault of the last of those: it may be this holder's row
-	// fail is how the acquisition ends without a win. Once a write of it
-	// was read back as landed, the row may be this holder's, at a fence
-	// above every other Lease of the holder: only an unknown outcome tells
-	// the driver so (its other Leases of the run may be superseded, and the
-	// run stays held in its name until the row expires).
-	fail := func(err error) error {
-		var corrupt *CorruptRowError
-		if landed == nil || IsOutcomeUnknown(err) || errors.Is(err, ErrTakenOver) || errors.As(err, &corrupt) {
-			return err // or the row read since is another holder's, or not a lease's
-		}
-		// err is kept as text only: the fault matches ErrStorage and
-		// ErrOutcomeUnknown, not a refusal such as ErrFenceExhausted.
-		return &StorageError{Op: "MetaCAS", Key: l.key, Unknown: true,
-			Err: fmt.Errorf("%v, after a write that may have landed (%v)", err, landed)}
-	}
 	for try := 0; try < maxAcquireTries; try++ {
 		if try >= 8 {
 			if err := sleepCtx(ctx, jitter(time.Duration(min(try, 100))*time.Millisecond)); err != nil {
-				return fail(&StorageError{Op: "MetaGet", Key: l.key, Err: err})
+				return &StorageError{Op: "MetaGet", Key: l.key, Err: err}
 			}
 		}
 		if read {
 			raw, found, err := l.store.MetaGet(ctx, l.key)
 			if err != nil {
-				return fail(err)
+				return err
 			}
 			cur = nil
 			if found {
@@ -219,36 +186,19 @@ func (l *Lease) acquire(ctx context.Context, tryCreate bool, known *string) erro
 				continue
 			}
 			if err != nil {
-				return fail(err)
+				return err
 			}
 			fence = row.Fence + 1
 		}
 		told = false
-		next, won, doubt, err := l.tryAcquire(ctx, cur, fence)
-		if won {
-			return nil
-		}
-		if err != nil {
-			return fail(err)
-		}
-		if doubt != nil {
-			// The write's outcome was unknown, and the row read back is
-			// the one it would have written: it may be this write
-			// landing, or another Lease of the same holder that wrote the
-			// same bytes over the same row in the same millisecond (a
-			// re-entry racing an earlier acquisition or its renewal).
-			// Taking it as ours could hand out two Leases at one fence, so
-			// re-enter over it at the next fence instead: whichever Lease
-			// wrote it is then superseded, as any re-entry supersedes it.
-			if ambiguous++; ambiguous > maxAmbiguousAcquires {
-				return doubt
-			}
-			landed = doubt
+		next, won, err := l.tryAcquire(ctx, cur, fence)
+		if won || err != nil {
+			return err
 		}
 		cur, read = next, next == nil
 	}
-	return fail(&StorageError{Op: "MetaCAS", Key: l.key, Retryable: true,
-		Err: fmt.Errorf("lost the race for a free row %d times in a row", maxAcquireTries)})
+	return &StorageError{Op: "MetaCAS", Key: l.key, Retryable: true,
+		Err: fmt.Errorf("lost the race for a free row %d times in a row", maxAcquireTries)}
 }
 
 // claimable decodes raw, the row read, and refuses it when it cannot be
@@ -271,41 +221,36 @@ func (l *Lease) claimable(raw string) (leaseRow, error) {
 
 // tryAcquire writes this holder's row at fence over expected (nil: absent).
 // It reports whether the row landed; when it did not, it returns the row
-// now stored if a read-back found it (nil otherwise: read it again). doubt
-// is the fault of a write whose outcome was unknown and whose read-back
-// found the very row it sent, which another Lease of the holder may have
-// written (see acquire); the row is then returned as not won.
-func (l *Lease) tryAcquire(ctx context.Context, expected *string, fence uint64) (next *string, won bool, doubt, err error) {
+// now stored if a read-back found it (nil otherwise: read it again). A
+// write of unknown outcome is read back: the row it sent, found, is this
+// acquisition's, since no other Lease sends the same bytes (see
+// lineage.go).
+func (l *Lease) tryAcquire(ctx context.Context, expected *string, fence uint64) (next *string, won bool, err error) {
 	start := time.Now()
-	untilMS := stampMS(l.o.now(), l.o.ttl, 0)
+	lin := lineageOf(l.store, l.key, l.holder, fence)
+	untilMS, prev := lin.stamp(l.o.now(), l.o.ttl, 0)
 	row := leaseRow{Holder: l.holder, Fence: fence, UntilMS: untilMS}.encode()
-	if l.lineage != nil {
-		l.lineage.send(l.begun, fence, untilMS)
-	}
 	ok, err := l.store.MetaCAS(ctx, l.key, expected, row)
 	if (err == nil && !ok) || (err != nil && !IsOutcomeUnknown(err)) {
-		if l.lineage != nil {
-			l.lineage.refused(l.begun, fence, untilMS) // it never lands
-		}
-		return nil, false, nil, err
+		lin.unstamp(untilMS, prev) // it never lands
+		return nil, false, err
 	}
 	if err != nil {
+		lin.pin(l.o.now(), untilMS) // it may land yet
 		raw, found, rerr := l.store.MetaGet(ctx, l.key)
 		switch {
 		case rerr != nil:
-			return nil, false, nil, err
+			return nil, false, err
 		case !found && expected == nil, found && expected != nil && raw == *expected:
-			return nil, false, nil, err // not applied, or not yet
+			return nil, false, err // not applied, or not yet
 		case !found:
-			return nil, false, nil, nil
-		case raw == row:
-			return &raw, false, err, nil
-		default:
-			return &raw, false, nil, nil // another acquirer moved the row
+			return nil, false, nil
+		case raw != row:
+			return &raw, false, nil // another acquirer moved the row
 		}
 	}
-	l.fence, l.seen, l.untilMS, l.sentMS, l.trustFrom = fence, row, untilMS, untilMS, start
-	return nil, true, nil, nil
+	l.fence, l.lineage, l.seen, l.untilMS, l.sentMS, l.trustFrom = fence, lin, row, untilMS, untilMS, start
+	return nil, true, nil
 }
 
 // sleepCtx waits for d or the end of ctx, whose error it returns.

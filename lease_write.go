@@ -2,7 +2,6 @@ package runlease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -180,6 +179,7 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBat
 		}
 		if err != nil && kind != kindRelease {
 			l.inDoubt(seen, untilMS)
+			l.lineage.pin(l.o.now(), untilMS) // it may land yet, after this Lease is gone
 		}
 		cur, found, rerr := l.store.MetaGet(ctx, l.key)
 		switch {
@@ -188,13 +188,9 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBat
 		case rerr != nil:
 			return l.fault(ctx, rerr)
 		case found && cur == next && err != nil:
+			// Landed: no other writer sends these bytes (see lineage.go).
 			// Only a write whose outcome is unknown can be found landed:
-			// after a refusal, a row equal to next is another Lease's (of
-			// this holder, at this fence, after a prune started the run's
-			// fences over, stamped in the same millisecond).
-			if lost := l.judgeAmbiguous(ctx, untilMS, err); lost != nil {
-				return lost
-			}
+			// after a refusal, a row equal to next is not this write.
 			l.confirm(kind, next, untilMS, start)
 			return nil
 		case err != nil && found && cur == seen:
@@ -215,9 +211,6 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBat
 			// An earlier write of this lease landed after all (its reply
 			// was lost). The write just tried expected seen, so it did not
 			// land and never will: the row has moved on from seen for good.
-			if lost := l.judgeAmbiguous(ctx, row.UntilMS, err); lost != nil {
-				return lost
-			}
 			l.adopt(cur)
 			continue
 		case derr == nil && row.Holder == "" && row.Fence == l.fence:
@@ -248,8 +241,8 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBat
 // doubt. Holder and fence alone do not tell: once a row is pruned, the
 // run's fences start over, and the same holder's next acquisition writes
 // the pair again. A row of this lease's in the store that it does not know
-// of is always one of its writes in doubt, and every write stamps an
-// until_ms of its own.
+// of is always one of its writes in doubt, and every write of every Lease
+// of its holder and run stamps an until_ms of its own (see lineage.go).
 func (l *Lease) ownRow(row leaseRow) bool {
 	if row.Holder != l.holder || row.Fence != l.fence {
 		return false
@@ -257,23 +250,6 @@ func (l *Lease) ownRow(row leaseRow) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Contains(l.doubt, row.UntilMS)
-}
-
-// judgeAmbiguous judges a row read back, stamped untilMS, that is one of
-// this lease's writes of unknown outcome, byte for byte, and that a later acquisition
-// by the same holder could have written too (see lineage.go). It returns
-// nil when the row is this lease's own; else the fault of the call, err
-// or, when the call itself was refused, one saying the outcome of the
-// earlier write is still unknown.
-func (l *Lease) judgeAmbiguous(ctx context.Context, untilMS int64, err error) error {
-	if l.ambiguous(untilMS) == ambiguousOwn {
-		return nil
-	}
-	if err == nil {
-		err = &StorageError{Op: "MetaCAS", Key: l.key, Unknown: true,
-			Err: errors.New("the row may be an earlier write of this lease or another acquisition's by the same holder")}
-	}
-	return l.fault(ctx, err)
 }
 
 // inDoubt records that a write over seen, stamped untilMS, has an unknown
@@ -300,7 +276,7 @@ func (l *Lease) nextRowLocked(kind writeKind) (string, int64) {
 	if kind == kindRelease {
 		return leaseRow{Fence: l.fence, UntilMS: l.o.nowMS()}.encode(), 0
 	}
-	untilMS := stampMS(l.o.now(), l.o.ttl, l.sentMS)
+	untilMS := l.stamp(l.sentMS)
 	l.sentMS = untilMS
 	return leaseRow{Holder: l.holder, Fence: l.fence, UntilMS: untilMS}.encode(), untilMS
 }

@@ -3,68 +3,98 @@ package runlease
 import (
 	"reflect"
 	"runtime"
-	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 	"weak"
 )
 
 // A lease row tells a Lease's writes apart from other writers' by holder,
-// fence and until_ms only. Once [Prune] deletes a run's row, the run's
-// fences start over at 1, and a new acquisition by the same holder writes
-// rows that an older Lease value of that holder could also have sent: two
-// writes stamped in one millisecond are equal byte for byte. A Lease that
-// reads back such a row after a write of unknown outcome cannot tell from
-// the row whether its own write landed or the new acquisition's did.
+// fence and until_ms only; the row format has no room for more. Several
+// Lease values of one holder and run can live in one process (a re-entry
+// racing an earlier acquisition or its renewal; a new acquisition after
+// [Prune] deleted the row and the run's fences started over at 1), and if
+// two of them sent the same bytes, a Lease reading back one of its writes
+// of unknown outcome could not tell whether its own write landed or the
+// other's did: it could confirm a write that never landed, or take the
+// other Lease's row for its own and write over it.
 //
-// A holder names one driver, and a driver's Lease values live in its
-// process, so the process can tell: it counts, per store, run and holder,
-// the acquisitions it begins and wins. A Lease judges a row it cannot tell
-// apart (see Lease.ambiguous) by what the holder's other acquisitions did:
-// if one won after this Lease did, or one in flight (or failed with an
-// unknown outcome) sent the same bytes, the outcome stays unknown; else
-// the row is its own.
+// So no two of them ever send the same bytes: every row any Lease of one
+// run and holder sends at one fence is stamped with an until_ms above every
+// row any of them sent at that fence before (a lineage counts them). Rows
+// at different fences differ already, so a new acquisition, at a new
+// fence, starts from now+TTL again whatever TTL an earlier Lease used. A
+// row read back that equals one this Lease sent is then this Lease's
+// write.
 //
-// The count lives in a lineage shared by the Lease values of one store,
-// run and holder, and lasts as long as one of them does: the process-wide
-// map holds it weakly. lineages.mu and lineage.mu are leaf locks, held only
-// to read or write what they guard: never across store I/O, hooks or
-// logging, and never one inside the other.
+// A lineage belongs to one Store value: Leases on stores of their own (each
+// test its own, with a clock of its own) never push each other's stamps.
+// Equal Store values are one store; the values of a store type that cannot
+// be compared share their lineages, as stamps unique over more rows are
+// still unique. A process that reaches one database through two Store
+// values, and acquires one run through both as one holder, must not rely
+// on them being told apart: use one Store value per database, or a holder
+// per Store value.
+//
+// A stamp runs ahead of now+TTL only when another Lease of the holder
+// stamped further ahead at the same fence: by a millisecond per write
+// beyond one a millisecond, or, when a Lease with a longer TTL shares the
+// fence (two acquisitions of the holder racing for it, or one after a
+// prune while an earlier Lease at that fence is still referenced), up to
+// that Lease's TTL. A row then outlasts its holder's trust, which delays a
+// successor and never lets one in early.
+//
+// A holder names one driver (see [HolderFor]), and a driver's Lease values
+// live in its process, so the process sees every writer of its holder's
+// rows. A lineage lasts as long as one of its Lease values does (the
+// process-wide map holds it weakly), and, after a write of unknown outcome,
+// until that write's row has expired, whether or not a Lease value still
+// refers to it (a pin holds it): a write still on its way to the store
+// then never meets a new lineage of its fence, and once its row has
+// expired, a new Lease stamps above it.
+//
+// lineages.mu is a leaf lock, held only to read or write the map and the
+// pins: never across store I/O, hooks or logging.
 var lineages = struct {
-	mu sync.Mutex
-	m  map[lineageKey]weak.Pointer[lineage]
-}{m: map[lineageKey]weak.Pointer[lineage]{}}
+	mu        sync.Mutex
+	m         map[lineageKey]weak.Pointer[lineage]
+	pins      map[*lineage]time.Time // the lineages kept alive, and until when
+	nextSweep time.Time              // when expired pins are dropped next
+}{m: map[lineageKey]weak.Pointer[lineage]{}, pins: map[*lineage]time.Time{}}
+
+// pinSlack is how long a pin outlasts the row it was taken for.
+const pinSlack = time.Second
 
 type lineageKey struct {
-	store  any // the Store value, a pointer: its identity
-	key    string
-	holder string
+	store       any // the Store value, or nil for one that cannot be compared
+	key, holder string
+	fence       uint64
 }
 
-// lineage orders the acquisitions of one store, run and holder: seq
-// counts their beginnings and their wins, so a later win has a larger
-// number than every win and beginning before it.
+// lineage is the stamp shared by the Lease values of one run, holder and
+// fence in this process.
 type lineage struct {
-	mu      sync.Mutex
-	seq     uint64
-	lastWin uint64               // seq of the latest win
-	open    map[uint64][]sentRow // acquisitions begun and not won, with the rows they sent that may land or have landed
+	sentMS atomic.Int64 // the largest until_ms any of them sent
 }
 
-// sentRow is a row an acquisition sent: the holder is the lineage's.
-type sentRow struct {
-	fence   uint64
-	untilMS int64
-}
-
-// lineageOf returns the lineage of key and holder on store, or nil for a
-// store whose identity the process cannot know (it is not a pointer).
-func lineageOf(store Store, key, holder string) *lineage {
-	if reflect.ValueOf(store).Kind() != reflect.Pointer {
-		return nil
+// lineageOf returns the lineage of the run key, holder and fence on store.
+func lineageOf(store Store, key, holder string, fence uint64) *lineage {
+	k := lineageKey{store: store, key: key, holder: holder, fence: fence}
+	if !reflect.ValueOf(store).Comparable() {
+		k.store = nil
 	}
-	k := lineageKey{store: store, key: key, holder: holder}
 	lineages.mu.Lock()
 	defer lineages.mu.Unlock()
+	if len(lineages.pins) > 0 {
+		if now := time.Now(); now.After(lineages.nextSweep) {
+			for c, until := range lineages.pins {
+				if now.After(until) {
+					delete(lineages.pins, c)
+				}
+			}
+			lineages.nextSweep = now.Add(pinSlack)
+		}
+	}
 	if c := lineages.m[k].Value(); c != nil {
 		return c
 	}
@@ -83,89 +113,43 @@ func forgetLineage(k lineageKey) {
 	}
 }
 
-// begin records that an acquisition begins, and returns its number.
-func (c *lineage) begin() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.seq++
-	if c.open == nil {
-		c.open = map[uint64][]sentRow{}
-	}
-	c.open[c.seq] = nil
-	return c.seq
-}
-
-// send records, before it is sent, a row the acquisition numbered begun
-// writes; refused, after the store refused it for certain.
-func (c *lineage) send(begun, fence uint64, untilMS int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if rows, ok := c.open[begun]; ok {
-		c.open[begun] = append(rows, sentRow{fence, untilMS})
-	}
-}
-
-func (c *lineage) refused(begun, fence uint64, untilMS int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if rows, ok := c.open[begun]; ok {
-		c.open[begun] = slices.DeleteFunc(rows, func(r sentRow) bool { return r == sentRow{fence, untilMS} })
-	}
-}
-
-// settle records the end of the acquisition numbered begun: won, or failed, with an unknown outcome when unknown (it then stays open: its
-// write may land yet). It returns the number of the win, 0 for a failure.
-func (c *lineage) settle(begun uint64, won, unknown bool) uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if won || !unknown {
-		delete(c.open, begun)
-	}
-	if !won {
-		return 0
-	}
-	c.seq++
-	c.lastWin = c.seq
-	return c.seq
-}
-
-// ambiguity is how a Lease must judge a row it cannot tell apart from
-// another acquisition's.
-type ambiguity int
-
-const (
-	ambiguousOwn     ambiguity = iota // no later acquisition by its holder: the row is its own
-	ambiguousUnknown                  // a later one is in flight or failed
-)
-
-// ambiguous judges a row of this lease's holder and fence, stamped untilMS
-// as one of its writes whose outcome is unknown, that another acquisition
-// by the same holder could have written too.
-func (l *Lease) ambiguous(untilMS int64) ambiguity {
-	c := l.lineage
-	if c == nil {
-		return ambiguousOwn // the process cannot tell; see lineageOf
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.lastWin > l.gen {
-		// Another acquisition won after this lease did: the order in
-		// which acquisitions return is not the order in which their rows
-		// landed, so only the store can tell, once the row moves on to
-		// one no Lease of the holder is unsure of.
-		return ambiguousUnknown
-	}
-	// An acquisition not won (in flight, or failed with an unknown
-	// outcome) that sent these very bytes may have written the row. It
-	// records each row before sending it, so a row read back after it
-	// landed is always found here; rows it did not send never match, so
-	// one such acquisition does not make every later doubt of the live
-	// Lease unknown.
-	want := sentRow{l.fence, untilMS}
-	for _, rows := range c.open {
-		if slices.Contains(rows, want) {
-			return ambiguousUnknown
+// stamp returns the until_ms of a row written now that holds for ttl,
+// above floor and above every until_ms handed out before, and the largest
+// handed out before it.
+func (c *lineage) stamp(now time.Time, ttl time.Duration, floor int64) (ms, prev int64) {
+	for {
+		prev = c.sentMS.Load()
+		ms = stampMS(now, ttl, max(floor, prev))
+		if c.sentMS.CompareAndSwap(prev, ms) {
+			return ms, prev
 		}
 	}
-	return ambiguousOwn
+}
+
+// unstamp hands ms, returned by stamp with prev, back when the row it
+// stamped was certainly not written and no stamp was handed out since: as
+// if it never had been, so that a retry that follows at once (an
+// acquisition's create refused because the row exists) stamps the same.
+func (c *lineage) unstamp(ms, prev int64) {
+	c.sentMS.CompareAndSwap(ms, prev)
+}
+
+// pin keeps c alive, for a write of unknown outcome stamped ms, until that
+// write's row has expired: until the clock that stamped it, read as now,
+// passes ms (and pinSlack more).
+func (c *lineage) pin(now time.Time, ms int64) {
+	until := time.Now().Add(time.Duration(ms-now.UnixMilli())*time.Millisecond + pinSlack)
+	lineages.mu.Lock()
+	if until.After(lineages.pins[c]) {
+		lineages.pins[c] = until
+	}
+	lineages.mu.Unlock()
+}
+
+// stamp returns the until_ms of the next row this lease sends: above every
+// row it sent, and above every row the holder's other Lease values of the
+// run sent at its fence.
+func (l *Lease) stamp(floor int64) int64 {
+	ms, _ := l.lineage.stamp(l.o.now(), l.o.ttl, floor)
+	return ms
 }
