@@ -32,7 +32,7 @@ import (
 	"github.com/areev/runlease/internal/proctest"
 )
 
-var roleChaosSlots = proctest.Register("chaos-slot-competitor", func() int { return chaos.RunChild(csConns, csChild) })
+var roleChaosSlots = proctest.Register("chaos-slot-competitor", func() int { return chaos.RunChild(chaosOpener(csConns), csChild) })
 
 const (
 	csProcs       = 2

@@ -1,13 +1,16 @@
 // Package chaos runs runlease's fault-injection tests across real processes.
 // Children (the test binary again, in a role: internal/proctest) drive
-// leases and slots on a shared Postgres table and stream every event they
-// see to the parent as JSON lines, stamped with the machine's
-// CLOCK_MONOTONIC ([history.Mono]), which every process reads alike. The
+// leases and slots on a shared store (a Postgres table, an etcd key prefix:
+// each test passes an [Opener]) and stream every event they see to the
+// parent as JSON lines, stamped with the machine's CLOCK_MONOTONIC
+// ([history.Mono]), which every process reads alike. The
 // parent pauses them (SIGSTOP, then SIGCONT) and kills them (SIGKILL, then a
 // replacement) at random with an [Injector], and afterwards checks the
 // histories with pure functions ([CheckFences], [CheckTrust],
 // [CheckCheckpoints], [CheckDownstream], [CheckSlots]) whose ability to
-// fail is tested on hand-made histories.
+// fail is tested on hand-made histories. The lease test itself,
+// [LeaseTest], is shared by every store: only the opener, the downstream
+// [Sink] and the reading of its final state differ.
 //
 // Every check is built to be sound: a violation it reports is a real one,
 // whatever the timing. That is why events carry both ends of every call
@@ -26,8 +29,6 @@ import (
 	"strconv"
 	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/areev/runlease"
 )
@@ -125,8 +126,8 @@ func Parse(lines []string, slot, gen int, killed bool) ([]Event, error) {
 
 // Environment variables that configure a child.
 const (
-	EnvTable  = "RUNLEASE_CHAOS_TABLE"      // the runlease table every process shares
-	EnvDown   = "RUNLEASE_CHAOS_DOWNSTREAM" // the downstream table of the lease test
+	EnvTable  = "RUNLEASE_CHAOS_TABLE"      // where every process's store keeps its rows: a table, a key prefix
+	EnvDown   = "RUNLEASE_CHAOS_DOWNSTREAM" // the downstream (Sink) of the lease test: a table, a key prefix
 	EnvSlot   = "RUNLEASE_CHAOS_SLOT"       // which child slot this process fills, from 0
 	EnvGen    = "RUNLEASE_CHAOS_GEN"        // a number no other child of the test has
 	EnvStopIn = "RUNLEASE_CHAOS_STOP_IN"    // how long to drive after being released
@@ -140,13 +141,17 @@ type Env struct {
 	Table, Down string
 	Slot, Gen   int
 	StopIn      time.Duration
+	// Extra are NAME=value pairs that the store's [Opener] reads itself
+	// (such as the etcd endpoints), passed on as they are. A child does
+	// not read them back into its Env.
+	Extra []string
 }
 
 // Environ returns e as NAME=value pairs for proctest.Start.
 func (e Env) Environ() []string {
-	return []string{EnvTable + "=" + e.Table, EnvDown + "=" + e.Down,
+	return append([]string{EnvTable + "=" + e.Table, EnvDown + "=" + e.Down,
 		EnvSlot + "=" + strconv.Itoa(e.Slot), EnvGen + "=" + strconv.Itoa(e.Gen),
-		EnvStopIn + "=" + e.StopIn.String()}
+		EnvStopIn + "=" + e.StopIn.String()}, e.Extra...)
 }
 
 func envFromOS() (Env, error) {
@@ -166,8 +171,8 @@ func envFromOS() (Env, error) {
 // Run is what a child's body works with.
 type Run struct {
 	Env
-	Store *runlease.PostgresStore
-	Pool  *pgxpool.Pool // the store's pool, for the downstream table
+	Store runlease.Store
+	Down  Sink // the lease test's downstream; nil for a test with none
 	Out   *Emitter
 	// StopAt is when to stop starting work; Ctx ends well after it and
 	// bounds every call, so that a child can never hang.

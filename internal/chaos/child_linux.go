@@ -8,11 +8,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/history"
-	"github.com/areev/runlease/internal/pgtest"
 	"github.com/areev/runlease/internal/proctest"
 )
 
@@ -39,10 +36,24 @@ func (e *Emitter) Errorf(format string, a ...any) {
 	e.Emit(Event{Kind: KindErr, T0: history.Mono(), Msg: fmt.Sprintf(format, a...)})
 }
 
-// RunChild is the body of a chaos child: open the store with a pool of
-// conns connections, print "ready", wait for the parent to release it, then
-// run body and print an exit event. It returns the process's exit code.
-func RunChild(conns int32, body func(*Run)) int {
+// Backend is what an [Opener] opened for a child.
+type Backend struct {
+	Store runlease.Store
+	Down  Sink   // nil for a test that writes nothing downstream
+	Close func() // releases Store and Down; nil when there is nothing to release
+}
+
+// Opener opens a child's store (and sink) from its Env and from the
+// variables the parent passed in Env.Extra. ctx is the child's own, which
+// ends well after its stop time: fine for the opening, and for anything
+// that lives as long as the child.
+type Opener func(ctx context.Context, env Env) (Backend, error)
+
+// RunChild is the body of a chaos child: open the store with open, print
+// "ready", wait for the parent to release it, then run body and print an
+// exit event. It returns the process's exit code: 2 when the child could
+// not be configured or the store not opened.
+func RunChild(open Opener, body func(*Run)) int {
 	env, err := envFromOS()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chaos child:", err)
@@ -50,27 +61,17 @@ func RunChild(conns int32, body func(*Run)) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), env.StopIn+2*time.Minute)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(os.Getenv(pgtest.EnvDSN))
+	be, err := open(ctx, env)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chaos child:", err)
 		return 2
 	}
-	cfg.MaxConns = conns
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "chaos child:", err)
-		return 2
+	if be.Close != nil {
+		defer be.Close()
 	}
-	defer pool.Close()
-	store, err := runlease.NewPostgres(ctx, pool, runlease.WithTable(env.Table), runlease.WithCreateTable(false))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "chaos child:", err)
-		return 2
-	}
-	defer store.Close()
 	fmt.Println("ready")
 	proctest.WaitRelease()
-	r := &Run{Env: env, Store: store, Pool: pool, Out: NewEmitter(os.Stdout), Ctx: ctx,
+	r := &Run{Env: env, Store: be.Store, Down: be.Down, Out: NewEmitter(os.Stdout), Ctx: ctx,
 		StopAt: time.Now().Add(env.StopIn)}
 	r.Out.Emit(Event{Kind: KindStart, T0: history.Mono()})
 	body(r)

@@ -49,6 +49,9 @@ func (a FenceSeq) less(b FenceSeq) bool {
 	return a.Fence < b.Fence || a.Fence == b.Fence && a.Seq < b.Seq
 }
 
+// CkptKey is the key of run's checkpoint.
+func CkptKey(run string) string { return "ckpt:" + run }
+
 // CkptValue is the checkpoint a driver writes at fence and seq.
 func CkptValue(fence uint64, seq int) string { return fmt.Sprintf("%d:%d", fence, seq) }
 
