@@ -3,7 +3,6 @@ package runlease
 import (
 	"context"
 	"errors"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -130,10 +129,14 @@ type heldSlot struct {
 	key   string
 	seen  string // the row the next write must present
 	// untilMS and trustFrom describe the last write confirmed to have
-	// landed; sentMS is the largest until_ms ever sent for the slot, so
-	// that no two rows written for it are equal.
+	// landed; sentMS is the largest until_ms this Slots sent for the slot.
+	// lin stamps the rows of every Slots of the run at the slot's key, so
+	// that no two of them send equal rows (see lineage.go); doubt holds
+	// the until_ms of this Slots' writes of unknown outcome since seen.
 	untilMS   int64
 	sentMS    int64
+	lin       *lineage
+	doubt     []int64
 	trustFrom time.Time
 	prev      *string // the row before the claim, for a rollback
 }
@@ -287,8 +290,7 @@ func (s *Slots) renewOne(ctx context.Context, h *heldSlot) error {
 		s.mu.Lock()
 		seen := h.seen
 		start := time.Now()
-		prevSent := h.sentMS
-		untilMS := stampMS(s.o.now(), s.o.ttl, h.sentMS)
+		untilMS, _ := h.lin.stamp(s.o.now(), s.o.ttl, h.sentMS)
 		h.sentMS = untilMS
 		s.mu.Unlock()
 		next := leaseRow{Holder: s.runID, UntilMS: untilMS}.encode()
@@ -300,6 +302,14 @@ func (s *Slots) renewOne(ctx context.Context, h *heldSlot) error {
 			s.confirm(h, next, untilMS, start)
 			return nil
 		}
+		if err != nil {
+			s.mu.Lock()
+			if h.seen == seen {
+				h.doubt = append(h.doubt, untilMS)
+			}
+			s.mu.Unlock()
+			h.lin.pin(s.o.now(), untilMS) // it may land yet
+		}
 		cur, found, rerr := s.store.MetaGet(ctx, h.key)
 		switch {
 		case rerr != nil && err != nil:
@@ -307,16 +317,15 @@ func (s *Slots) renewOne(ctx context.Context, h *heldSlot) error {
 		case rerr != nil:
 			return rerr
 		case found && cur == next && err != nil:
-			// After a refusal, a row equal to next is another Slots' of
-			// the run, stamped in the same millisecond: never this write.
+			// Landed: no other Slots sends these bytes (see lineage.go).
 			s.confirm(h, next, untilMS, start)
 			return nil
 		case err != nil && found && cur == seen:
 			return err // not applied, or not yet
 		}
-		if row, derr := decodeRow(cur); found && derr == nil && s.sentByThis(h, row, prevSent) && adopted < maxAdopt {
+		if row, derr := decodeRow(cur); found && derr == nil && s.sentByThis(h, row) && adopted < maxAdopt {
 			s.mu.Lock()
-			h.seen = cur // an earlier write of this Slots landed after all
+			h.seen, h.doubt = cur, h.doubt[:0] // an earlier write of this Slots landed after all
 			s.mu.Unlock()
 			continue
 		}
@@ -326,22 +335,22 @@ func (s *Slots) renewOne(ctx context.Context, h *heldSlot) error {
 }
 
 // sentByThis reports whether row, found at h's key, is a write of this
-// Slots whose reply was lost: the run's own row, stamped after h's last
-// confirmed write and no later than sent, the last it sent before the
-// write just refused (a row equal to that one is another Slots'). Slot rows name the
-// run, not the Slots, so another Slots of the same run (a second claim that
-// re-used the slot, or a replaced driver's) writes rows that name the run
-// too; its rows are not adopted, and its slot is not deleted.
-func (s *Slots) sentByThis(h *heldSlot, row leaseRow, sent int64) bool {
+// Slots whose reply was lost: the run's own row, stamped as one of its
+// writes in doubt. Slot rows name the run, not the Slots, so another Slots
+// of the same run (a second claim that re-used the slot, or a replaced
+// driver's) writes rows that name the run too; they are stamped apart from
+// this Slots' (see lineage.go), so they are not adopted, and their slot is
+// not deleted.
+func (s *Slots) sentByThis(h *heldSlot, row leaseRow) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return row.Holder == s.runID && row.UntilMS > h.untilMS && row.UntilMS <= min(sent, h.sentMS)
+	return row.Holder == s.runID && slices.Contains(h.doubt, row.UntilMS)
 }
 
 func (s *Slots) confirm(h *heldSlot, next string, untilMS int64, start time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h.seen, h.untilMS, h.trustFrom = next, untilMS, start
+	h.seen, h.untilMS, h.trustFrom, h.doubt = next, untilMS, start, h.doubt[:0]
 }
 
 // drop gives h up as lost with cause.
@@ -414,7 +423,7 @@ func (s *Slots) releaseOne(ctx context.Context, h *heldSlot) error {
 		case err != nil && cur == seen:
 			return err
 		}
-		if row, derr := decodeRow(cur); derr != nil || !s.sentByThis(h, row, math.MaxInt64) || adopted == maxAdopt {
+		if row, derr := decodeRow(cur); derr != nil || !s.sentByThis(h, row) || adopted == maxAdopt {
 			return nil // another run's now, or another Slots' of this run: leave it
 		}
 		seen = cur

@@ -113,12 +113,14 @@ func (s *Slots) planAll(ctx context.Context, scopes []Scope) ([][]slotCandidate,
 	return plans, nil
 }
 
-// claimRow returns the row a claim writes now, and its until_ms, which is
-// above floorMS: re-using the run's own slot never shortens it for another
-// Slots of the run that holds it too.
-func (s *Slots) claimRow(floorMS int64) (string, int64) {
-	untilMS := stampMS(s.o.now(), s.o.ttl, floorMS)
-	return leaseRow{Holder: s.runID, UntilMS: untilMS}.encode(), untilMS
+// claimRow returns the row a claim of key writes now, its until_ms, and
+// the lineage that stamped it. The stamp is above floorMS, so re-using the
+// run's own slot never shortens it for another Slots of the run that holds
+// it too, and above every row another Slots of the run sent for the slot.
+func (s *Slots) claimRow(key string, floorMS int64) (string, int64, *lineage) {
+	lin := lineageOf(s.store, key, s.runID, 0)
+	untilMS, _ := lin.stamp(s.o.now(), s.o.ttl, floorMS)
+	return leaseRow{Holder: s.runID, UntilMS: untilMS}.encode(), untilMS, lin
 }
 
 // claimBatchTries bounds how often a batched claim that lost a race to
@@ -143,11 +145,11 @@ func (s *Slots) claimBatch(ctx context.Context, b Batcher, scopes []Scope) error
 		start := time.Now()
 		for i, sc := range scopes {
 			c := plans[i][0]
-			row, untilMS := s.claimRow(c.floorMS)
 			key := sc.prefix() + strconv.Itoa(c.slot)
+			row, untilMS, lin := s.claimRow(key, c.floorMS)
 			conds[i], ops[i] = Cond{Key: key, Value: c.expected}, Put(key, row)
 			held[i] = &heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row,
-				untilMS: untilMS, sentMS: untilMS, trustFrom: start, prev: c.expected}
+				untilMS: untilMS, sentMS: untilMS, lin: lin, trustFrom: start, prev: c.expected}
 		}
 		ok, err := batchResolved(ctx, b, s.store, conds, ops)
 		var se *StorageError
@@ -249,14 +251,14 @@ func (s *Slots) claimOne(ctx context.Context, sc Scope, cands []slotCandidate) e
 	for _, c := range cands {
 		key := sc.prefix() + strconv.Itoa(c.slot)
 		start := time.Now()
-		row, untilMS := s.claimRow(c.floorMS)
+		row, untilMS, lin := s.claimRow(key, c.floorMS)
 		ok, err := casResolved(ctx, s.store, key, c.expected, row)
 		if err != nil {
 			return err
 		}
 		if ok {
 			s.held = append(s.held, &heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row,
-				untilMS: untilMS, sentMS: untilMS, trustFrom: start, prev: c.expected})
+				untilMS: untilMS, sentMS: untilMS, lin: lin, trustFrom: start, prev: c.expected})
 			return nil
 		}
 		// Another claimant took this slot between the scan and the write.
