@@ -1,7 +1,6 @@
 package runlease
 
 import (
-	"reflect"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -29,12 +28,12 @@ import (
 //
 // A lineage belongs to one Store value: Leases on stores of their own (each
 // test its own, with a clock of its own) never push each other's stamps.
-// Equal Store values are one store; the values of a store type that cannot
-// be compared share their lineages, as stamps unique over more rows are
-// still unique. A process that reaches one database through two Store
-// values, and acquires one run through both as one holder, must not rely
-// on them being told apart: use one Store value per database, or a holder
-// per Store value.
+// Equal Store values are one store; a Store value that cannot be compared
+// is refused where options are built, so every Store value here can key a
+// map. A process that reaches one database through two Store values, and
+// acquires one run through both as one holder, must not rely on them being
+// told apart: use one Store value per database, or a holder per Store
+// value.
 //
 // A stamp runs ahead of now+TTL only when another Lease of the holder
 // stamped further ahead at the same fence: by a millisecond per write
@@ -66,7 +65,7 @@ var lineages = struct {
 const pinSlack = time.Second
 
 type lineageKey struct {
-	store       any // the Store value, or nil for one that cannot be compared
+	store       Store
 	key, holder string
 	fence       uint64
 }
@@ -80,9 +79,6 @@ type lineage struct {
 // lineageOf returns the lineage of the run key, holder and fence on store.
 func lineageOf(store Store, key, holder string, fence uint64) *lineage {
 	k := lineageKey{store: store, key: key, holder: holder, fence: fence}
-	if !reflect.ValueOf(store).Comparable() {
-		k.store = nil
-	}
 	lineages.mu.Lock()
 	defer lineages.mu.Unlock()
 	if len(lineages.pins) > 0 {

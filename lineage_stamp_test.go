@@ -277,3 +277,32 @@ func TestLineageFailedAcquisitionStampedAsARenewalDoesNotWedgeTheHolder(t *testi
 		})
 	}
 }
+
+// uncomparableStore is a Store value that cannot be compared: a struct
+// with a slice, passed by value.
+type uncomparableStore struct {
+	runlease.Store
+	tags []string
+}
+
+// TestLineageRefusesAStoreValueThatCannotBeCompared: rows are stamped apart
+// per Store value, so a value that cannot be compared has no lineage of
+// its own. Sharing one among every such value would let a lease on one
+// database, with a clock a year ahead or a longer TTL, stretch the rows of
+// a lease on another. It is refused, before anything is written.
+func TestLineageRefusesAStoreValueThatCannotBeCompared(t *testing.T) {
+	ctx := t.Context()
+	inner := newSQLite(t)
+	s := uncomparableStore{Store: inner, tags: []string{"a"}}
+	_, err := runlease.Acquire(ctx, s, "r1", "A")
+	require.ErrorIs(t, err, runlease.ErrInvalidArgument)
+	require.ErrorContains(t, err, "pass a pointer")
+	_, err = runlease.ClaimSlots(ctx, s, "r1", []runlease.Scope{runlease.NamedScope("gpu", 1)})
+	require.ErrorIs(t, err, runlease.ErrInvalidArgument)
+	rows, err := inner.MetaScan(ctx, "")
+	require.NoError(t, err)
+	require.Empty(t, rows, "a refused call writes nothing")
+	l, err := runlease.Acquire(ctx, &s, "r1", "A")
+	require.NoError(t, err, "a pointer to it is a Store value like any other")
+	require.NoError(t, l.Release(ctx))
+}

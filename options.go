@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"reflect"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -123,6 +124,11 @@ func buildOptions(store Store, opts []Option, allowed optionSet, fn string) (opt
 	o := options{ttl: DefaultTTL, poll: DefaultWaitPoll}
 	if store == nil {
 		return o, invalidArg("store", "nil")
+	}
+	if !reflect.ValueOf(store).Comparable() {
+		// Rows are stamped apart per Store value (see lineage.go), which
+		// needs a value to compare; a pointer always is one.
+		return o, invalidArg("store", "a %T value cannot be compared: pass a pointer to it", store)
 	}
 	for _, opt := range opts {
 		if opt != nil {
