@@ -27,13 +27,22 @@ func (r *Renewer) dispatchLocked(now time.Time, leaseDue, slotsDue, chained []*K
 	var singles []*Keeper
 	var stores []Store
 	groups := map[Store][]*Keeper{}
+	// A batch writes each key once (MultiCASer refuses two writes of one
+	// key): a second Lease of a run, a re-entry's, goes alone.
+	type batchedKey struct {
+		store Store
+		key   string
+	}
+	batched := map[batchedKey]bool{}
 	for _, k := range leaseDue {
 		s := k.lease.store
-		if _, ok := s.(MultiCASer); ok && reflect.TypeOf(s).Comparable() && k.lease.tryLock() {
+		bk := batchedKey{s, k.lease.key}
+		if _, ok := s.(MultiCASer); ok && reflect.ValueOf(s).Comparable() && !batched[bk] && k.lease.tryLock() {
 			if groups[s] == nil {
 				stores = append(stores, s)
 			}
 			groups[s] = append(groups[s], k)
+			batched[bk] = true
 			continue
 		}
 		singles = append(singles, k)
@@ -303,6 +312,7 @@ func renewMany(ctx context.Context, m MultiCASer, leases []*Lease) []error {
 		case err != nil:
 			if IsOutcomeUnknown(err) {
 				l.inDoubt(*writes[j].Expected, p.untilMS)
+				l.lineage.pin(l.o.now(), p.untilMS) // it may land yet, after this Lease is gone
 			}
 			errs[i] = l.fault(ctx, err)
 		case swapped[j]:
