@@ -139,7 +139,7 @@ var catalog = []mutation{
 	{
 		Name:   "slot-adopts-other-claims",
 		File:   "slots.go",
-		Old:    "return row.Holder == s.runID && row.UntilMS > h.untilMS && row.UntilMS <= min(sent, h.sentMS)",
+		Old:    "return row.Holder == s.runID && slices.Contains(h.doubt, row.UntilMS)",
 		New:    "return row.Holder == s.runID",
 		Breaks: "A Slots adopts (and Release deletes) a slot row written by another claim of the same run.",
 		Pkg:    ".", Tests: with(slotTests, sims...), Env: simEnv,
@@ -183,8 +183,8 @@ var catalog = []mutation{
 	{
 		Name:   "batch-waits-for-token",
 		File:   "renewer_batch.go",
-		Old:    "reflect.TypeOf(s).Comparable() && k.lease.tryLock()",
-		New:    "reflect.TypeOf(s).Comparable() && k.lease.lock(context.Background()) == nil",
+		Old:    "!batched[bk] && k.lease.tryLock()",
+		New:    "!batched[bk] && k.lease.lock(context.Background()) == nil",
 		Breaks: "The renewer loop waits, holding its lock, for the write token of a lease with a write in flight, so a hung write freezes every keeper.",
 		Pkg:    ".", Tests: coreTests, Env: simEnv, Timeout: 90 * time.Second,
 	},
@@ -238,6 +238,22 @@ var catalog = []mutation{
 		New:    "_ = until",
 		Breaks: "A lineage whose write's outcome is unknown is dropped with its last Lease value: a new Lease at that fence starts over and may send the very bytes still on their way to the store.",
 		Pkg:    ".", Tests: []string{"TestLineageLivesWhileReferencedOrPinned"},
+	},
+	{
+		Name:   "slot-stamp-not-shared",
+		File:   "slots.go",
+		Old:    "untilMS, _ := h.lin.stamp(s.o.now(), s.o.ttl, h.sentMS)",
+		New:    "untilMS := stampMS(s.o.now(), s.o.ttl, h.sentMS)",
+		Breaks: "Two Slots values of one run stamp a slot's rows apart only by their own writes: a renewal of unknown outcome reads back the twin's row as its own, and its Release frees a slot the twin still holds.",
+		Pkg:    ".", Tests: []string{"TestSlotsTwinRowIsNeverTakenForOwnRenewal"},
+	},
+	{
+		Name:   "batch-renews-two-leases-of-a-run",
+		File:   "renewer_batch.go",
+		Old:    "batched[bk] = true",
+		New:    "_ = bk",
+		Breaks: "A Renewer batches two Leases of one run (a re-entry's) into one MetaCASMany, which the store refuses whole: every renewal of the batch fails on a healthy store.",
+		Pkg:    ".", Tests: []string{"TestRenewerBatchesOneLeaseOfARun"},
 	},
 	{
 		Name:   "own-row-by-holder-and-fence",
