@@ -9,8 +9,6 @@ package runlease_test
 // must keep renewing on a healthy store.
 
 import (
-	"context"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -20,40 +18,6 @@ import (
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/testkit"
 )
-
-// afterReadStore wraps a store and runs a function once after the next read of a
-// key, before the read's reply reaches the caller: another goroutine of
-// the same driver moving between an acquisition's read and its write.
-type afterReadStore struct {
-	runlease.Store
-	mu    sync.Mutex
-	after map[string]func()
-}
-
-func (h *afterReadStore) on(key string, fn func()) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.after == nil {
-		h.after = map[string]func(){}
-	}
-	h.after[key] = fn
-}
-
-func (h *afterReadStore) MetaGet(ctx context.Context, key string) (string, bool, error) {
-	v, found, err := h.Store.MetaGet(ctx, key)
-	h.mu.Lock()
-	fn := h.after[key]
-	delete(h.after, key)
-	h.mu.Unlock()
-	if fn != nil {
-		fn()
-	}
-	return v, found, err
-}
-
-func (h *afterReadStore) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runlease.Op) (bool, error) {
-	return h.Store.(runlease.Batcher).MetaBatch(ctx, conds, ops)
-}
 
 // healthyRenew renews l up to five times on a healthy store, the clock
 // moving 1 ms before each, and returns the last error (nil once one lands).
@@ -219,7 +183,7 @@ func openRowEqualToARenewal(t *testing.T, readFails bool) (*runlease.Lease, *tes
 	t.Helper()
 	ctx := t.Context()
 	f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
-	h := &afterReadStore{Store: f}
+	h := &readHook{Store: f} // see review_adversary_test.go
 	opts := []runlease.Option{runlease.WithClock(clk.Now)}
 	first, err := runlease.Acquire(ctx, h, "r1", "A", opts...)
 	require.NoError(t, err)
