@@ -179,7 +179,6 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBat
 		}
 		if err != nil && kind != kindRelease {
 			l.inDoubt(seen, untilMS)
-			l.lineage.pin(l.o.now(), untilMS) // it may land yet, after this Lease is gone
 		}
 		cur, found, rerr := l.store.MetaGet(ctx, l.key)
 		switch {
@@ -253,13 +252,16 @@ func (l *Lease) ownRow(row leaseRow) bool {
 }
 
 // inDoubt records that a write over seen, stamped untilMS, has an unknown
-// outcome: it may have landed, or land later.
+// outcome: it may have landed, or land later, even after this Lease is
+// gone, so its lineage is pinned until the row has expired (see
+// lineage.go). l.mu is released before the pin takes lineages.mu.
 func (l *Lease) inDoubt(seen string, untilMS int64) {
 	l.mu.Lock()
 	if l.seen == seen {
 		l.doubt = append(l.doubt, untilMS)
 	}
 	l.mu.Unlock()
+	l.lineage.pin(l.o.now(), untilMS)
 }
 
 // adopt makes cur, a row of this lease's own found on reading back, the row

@@ -312,7 +312,6 @@ func renewMany(ctx context.Context, m MultiCASer, leases []*Lease) []error {
 		case err != nil:
 			if IsOutcomeUnknown(err) {
 				l.inDoubt(*writes[j].Expected, p.untilMS)
-				l.lineage.pin(l.o.now(), p.untilMS) // it may land yet, after this Lease is gone
 			}
 			errs[i] = l.fault(ctx, err)
 		case swapped[j]:
