@@ -28,9 +28,9 @@ import (
 //
 // A lineage belongs to one Store value: Leases on stores of their own (each
 // test its own, with a clock of its own) never push each other's stamps.
-// Equal Store values are one store; a Store value that cannot be compared
-// is refused where options are built, so every Store value here can key a
-// map. A process that reaches one database through two Store values, and
+// Equal Store values are one store; a Store value that cannot be compared,
+// or is not equal to itself, is refused where options are built, so every
+// Store value here can key a map. A process that reaches one database through two Store values, and
 // acquires one run through both as one holder, must not rely on them being
 // told apart: use one Store value per database, or a holder per Store
 // value.

@@ -9,6 +9,7 @@ package runlease_test
 // must keep renewing on a healthy store.
 
 import (
+	"math"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -269,4 +270,27 @@ func TestLineageRefusesAStoreValueThatCannotBeCompared(t *testing.T) {
 	l, err := runlease.Acquire(ctx, &s, "r1", "A")
 	require.NoError(t, err, "a pointer to it is a Store value like any other")
 	require.NoError(t, l.Release(ctx))
+
+	// A value that compares but is not equal to itself cannot key a map
+	// either: every lookup of its lineage, or of its batch in a Renewer,
+	// would miss. It is refused the same way.
+	nan := nanStore{Store: inner, weight: math.NaN()}
+	_, err = runlease.Acquire(ctx, nan, "r2", "A")
+	require.ErrorIs(t, err, runlease.ErrInvalidArgument)
+	require.ErrorContains(t, err, "pass a pointer")
+	_, err = runlease.ClaimSlots(ctx, nan, "r2", []runlease.Scope{runlease.NamedScope("gpu", 1)})
+	require.ErrorIs(t, err, runlease.ErrInvalidArgument)
+	_, found, err := inner.MetaGet(ctx, runlease.LeasePrefix+"r2")
+	require.NoError(t, err)
+	require.False(t, found, "a refused call writes nothing")
+	l, err = runlease.Acquire(ctx, &nan, "r2", "A")
+	require.NoError(t, err, "a pointer to it is a Store value like any other")
+	require.NoError(t, l.Release(ctx))
+}
+
+// nanStore is a Store passed by value that holds a NaN float: reflect
+// calls it comparable, yet it is not equal to itself.
+type nanStore struct {
+	runlease.Store
+	weight float64
 }

@@ -125,9 +125,11 @@ func buildOptions(store Store, opts []Option, allowed optionSet, fn string) (opt
 	if store == nil {
 		return o, invalidArg("store", "nil")
 	}
-	if !reflect.ValueOf(store).Comparable() {
+	if !reflect.ValueOf(store).Comparable() || store != store {
 		// Rows are stamped apart per Store value (see lineage.go), which
-		// needs a value to compare; a pointer always is one.
+		// needs a value that keys a map: one that compares, and equals
+		// itself (a struct holding a NaN float does not). A pointer
+		// always does.
 		return o, invalidArg("store", "a %T value cannot be compared: pass a pointer to it", store)
 	}
 	for _, opt := range opts {

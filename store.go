@@ -57,10 +57,11 @@ type Row struct {
 // Every method must be linearizable: it takes effect at one instant between
 // its call and its return.
 //
-// Identity. A Store value must be comparable with == (a pointer always is),
-// and one database should be reached through one Store value per process:
-// the rows of one holder and run are stamped apart per Store value. A value
-// that cannot be compared is refused with [ErrInvalidArgument].
+// Identity. A Store value must be comparable with == and equal to itself (a
+// pointer always is), and one database should be reached through one Store
+// value per process: the rows of one holder and run are stamped apart per
+// Store value. A value that cannot be compared, or that holds a NaN float
+// and so is not equal to itself, is refused with [ErrInvalidArgument].
 type Store interface {
 	// MetaGet returns the value stored at key; found is false when the key is
 	// absent.
