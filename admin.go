@@ -180,6 +180,7 @@ func Prune(ctx context.Context, store Store, olderThan time.Duration, opts ...Op
 		case err != nil:
 			errs = append(errs, err)
 		case ok:
+			forgetReleased(store, r.Key)
 			p.add(r.Key)
 		}
 	})

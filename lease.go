@@ -155,10 +155,15 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 // each lost race means another acquirer won, which makes the row live.
 const maxAcquireTries = 1000
 
-// acquire writes the lease row: over known when given, else
-// create-if-absent first when tryCreate; then over the row read, while the
-// row keeps changing under it.
+// acquire writes the lease row: over known when given, else, when
+// tryCreate, over the row this process released last or create-if-absent;
+// then over the row read, while the row keeps changing under it.
 func (l *Lease) acquire(ctx context.Context, tryCreate bool, known *string) error {
+	if known == nil && tryCreate {
+		if row, ok := takeReleased(l.store, l.key); ok {
+			known = &row // this process released the run last (tombstones.go)
+		}
+	}
 	cur := known // the row last read or told of; nil when absent
 	read := known == nil && !tryCreate
 	told := known != nil // cur is a row told of, not read

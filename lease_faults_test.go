@@ -120,14 +120,13 @@ func TestLeaseFaultsAreNeverLossesNorLossesSuccesses(t *testing.T) {
 
 	t.Run("a_reentry_over_a_released_row_whose_reply_was_lost_never_shares_a_fence", func(t *testing.T) {
 		t.Parallel()
-		// As above, over a released row: the re-entry reads it, the
-		// earlier Lease takes it over at fence 2, and the re-entry's
-		// takeover at fence 2 (the same bytes) does not apply and loses
-		// its reply.
+		// As above, over a released row: the re-entry writes over the
+		// row this process released, the earlier Lease takes it over at
+		// fence 2, and the re-entry's takeover at fence 2 (the same
+		// bytes) does not apply and loses its reply.
 		f, l, clk := setupClock(t)
 		require.NoError(t, l.Release(ctx))
 		var first *runlease.Lease
-		f.Next(testkit.Fault{Apply: true}) // the create-if-absent, refused: the row exists
 		f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS"), Then: func() {
 			var err error
 			first, err = runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now))

@@ -339,6 +339,9 @@ func (l *Lease) lose(lost *LeaseLostError, tombstone ...string) error {
 	for _, k := range keepers {
 		k.r.end(k, lost)
 	}
+	if len(tombstone) > 0 {
+		rememberReleased(l.store, l.key, tombstone[0])
+	}
 	return lost
 }
 

@@ -1,0 +1,42 @@
+package runlease
+
+import (
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestTombstonesAreBounded checks that the memo of released rows never
+// holds more than maxTombstones rows, that a row is taken once, and that
+// rows of one key on two Store values are apart. It fills the memo, so it
+// does not run beside the tests that count an acquisition's round trips.
+func TestTombstonesAreBounded(t *testing.T) {
+	a, b := lineageStore{id: 101}, lineageStore{id: 102}
+	for i := range 3 * maxTombstones {
+		rememberReleased(a, "k"+strconv.Itoa(i), "row")
+		tombstones.mu.Lock()
+		n := len(tombstones.m)
+		tombstones.mu.Unlock()
+		require.LessOrEqual(t, n, maxTombstones)
+	}
+	_, ok := takeReleased(a, "k0")
+	assert.False(t, ok, "the oldest rows were forgotten first")
+	row, ok := takeReleased(a, "k"+strconv.Itoa(3*maxTombstones-1))
+	assert.True(t, ok, "the newest row is kept")
+	assert.Equal(t, "row", row)
+	for i := range 3 * maxTombstones {
+		forgetReleased(a, "k"+strconv.Itoa(i)) // room again, so nothing below is pushed out
+	}
+	rememberReleased(a, "x", "row of a")
+	rememberReleased(b, "x", "row of b")
+	row, ok = takeReleased(a, "x")
+	assert.True(t, ok)
+	assert.Equal(t, "row of a", row)
+	_, ok = takeReleased(a, "x")
+	assert.False(t, ok, "a remembered row is taken once")
+	forgetReleased(b, "x")
+	_, ok = takeReleased(b, "x")
+	assert.False(t, ok, "a forgotten row is gone")
+}

@@ -1,0 +1,139 @@
+package runlease_test
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
+)
+
+// TestReacquireAfterReleaseWritesOverTheReleasedRow checks that a run this
+// process released is taken again in one round trip, and that a guess made
+// stale by another node, an operator or a prune costs nothing in
+// correctness: the acquisition reads the row and decides on it as it would
+// have without the guess.
+func TestReacquireAfterReleaseWritesOverTheReleasedRow(t *testing.T) {
+	t.Parallel()
+	// setup returns the store an other node writes through (s, a Store
+	// value of its own, so it shares no memo with this process's) and
+	// this process's view of it (c), with run r1 released here at fence 1.
+	setup := func(t *testing.T) (s *runlease.SQLiteStore, c *testkit.Counting, clk *testkit.Clock) {
+		s = newSQLite(t)
+		c = &testkit.Counting{Store: s}
+		clk = testkit.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+		l, err := runlease.Acquire(t.Context(), c, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.NoError(t, l.Release(t.Context()))
+		c.Reset()
+		return s, c, clk
+	}
+
+	t.Run("one_round_trip", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		_, c, clk := setup(t)
+		for want := uint64(2); want <= 4; want++ {
+			l, err := runlease.Acquire(ctx, c, "r1", "B", runlease.WithClock(clk.Now))
+			require.NoError(t, err)
+			assert.Equal(t, want, l.Fence())
+			assert.Equal(t, int64(1), c.Total(), "one conditional write over the released row, nothing read")
+			require.NoError(t, l.Renew(ctx))
+			require.NoError(t, l.Release(ctx))
+			c.Reset()
+		}
+	})
+
+	t.Run("the_run_taken_elsewhere_is_refused", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		s, c, clk := setup(t)
+		other, err := runlease.Acquire(ctx, s, "r1", "B", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		row := get(t, s, runlease.LeasePrefix+"r1")
+		_, err = runlease.Acquire(ctx, c, "r1", "A", runlease.WithClock(clk.Now))
+		var lost *runlease.LeaseLostError
+		require.ErrorAs(t, err, &lost)
+		assert.ErrorIs(t, err, runlease.ErrTakenOver)
+		assert.Equal(t, "B", lost.Holder)
+		assert.Equal(t, uint64(2), lost.Fence)
+		assert.Equal(t, row, get(t, s, runlease.LeasePrefix+"r1"), "the holder's row is untouched")
+		assert.Equal(t, int64(2), c.Total(), "the refused guess, then the read")
+		require.NoError(t, other.Renew(ctx))
+	})
+
+	t.Run("the_run_taken_and_released_elsewhere_is_taken_above_it", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		s, c, clk := setup(t)
+		other, err := runlease.Acquire(ctx, s, "r1", "B", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.NoError(t, other.Release(ctx))
+		l, err := runlease.Acquire(ctx, c, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		assert.Equal(t, uint64(3), l.Fence(), "above the other node's fence, never at the remembered one")
+		require.NoError(t, l.Renew(ctx))
+	})
+
+	t.Run("a_row_pruned_elsewhere_starts_again_at_fence_1", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		s, c, clk := setup(t)
+		clk.Advance(time.Minute)
+		p, err := runlease.Prune(ctx, s, 0, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.Equal(t, []string{"r1"}, p.Leases)
+		l, err := runlease.Acquire(ctx, c, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		assert.Equal(t, uint64(1), l.Fence())
+		assert.Equal(t, int64(3), c.Total(), "the refused guess, the read, the create")
+	})
+
+	t.Run("a_prune_here_forgets_the_row", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		_, c, clk := setup(t)
+		clk.Advance(time.Minute)
+		p, err := runlease.Prune(ctx, c, 0, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.Equal(t, []string{"r1"}, p.Leases)
+		c.Reset()
+		l, err := runlease.Acquire(ctx, c, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		assert.Equal(t, uint64(1), l.Fence())
+		assert.Equal(t, int64(1), c.Total(), "the create alone")
+	})
+
+	t.Run("racing_acquirers_of_the_released_row_have_one_winner", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		_, c, clk := setup(t)
+		const n = 8
+		var wg sync.WaitGroup
+		won := make(chan *runlease.Lease, n)
+		for i := range n {
+			wg.Go(func() {
+				l, err := runlease.Acquire(ctx, c, "r1", runlease.HolderFor("driver", strconv.Itoa(i)), runlease.WithClock(clk.Now))
+				if err == nil {
+					won <- l
+					return
+				}
+				if !errors.Is(err, runlease.ErrTakenOver) {
+					t.Errorf("acquirer %d: %v", i, err)
+				}
+			})
+		}
+		wg.Wait()
+		close(won)
+		require.Len(t, won, 1, "exactly one acquirer holds the run")
+		l := <-won
+		assert.Equal(t, uint64(2), l.Fence())
+		require.NoError(t, l.Renew(ctx))
+	})
+}
