@@ -6,6 +6,7 @@ package etcdtest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -26,7 +27,7 @@ import (
 // go.mod requires it.
 const Version = "v3.7.3"
 
-// Members is how many members a cluster has.
+// Members is how many members a cluster has unless [Options] say otherwise.
 const Members = 3
 
 // startTimeout bounds how long a cluster may take to become healthy.
@@ -37,6 +38,7 @@ type Cluster struct {
 	bin     string
 	dir     string
 	opts    Options
+	tls     *tls.Config // the clients', when the members serve TLS
 	mu      sync.Mutex
 	members []*member
 }
@@ -93,6 +95,11 @@ type Options struct {
 	// as a production cluster does. Tests check semantics, not durability,
 	// and leave it off, which makes them fast; benchmarks turn it on.
 	Fsync bool
+	// Members is how many members the cluster has; 0 means [Members].
+	Members int
+	// TLS, when not nil, makes the members serve clients over TLS with
+	// these files, and require a client certificate the authority signed.
+	TLS *TLS
 }
 
 // Start builds (or finds) the server and starts a cluster of [Members]
@@ -105,16 +112,31 @@ func StartWith(dir string, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
 	c := &Cluster{bin: bin, dir: dir, opts: opts}
-	ports, err := freePorts(2 * Members)
+	if c.opts.Members == 0 {
+		c.opts.Members = Members
+	}
+	if c.opts.TLS != nil {
+		if c.tls, err = c.opts.TLS.ClientConfig(); err != nil {
+			return nil, err
+		}
+	}
+	scheme := "http"
+	if c.tls != nil {
+		scheme = "https"
+	}
+	ports, err := freePorts(2 * c.opts.Members)
 	if err != nil {
 		return nil, err
 	}
 	var initial []string
-	for i := range Members {
+	for i := range c.opts.Members {
 		m := &member{
 			name:      fmt.Sprintf("m%d", i),
-			clientURL: fmt.Sprintf("http://127.0.0.1:%d", ports[2*i]),
+			clientURL: fmt.Sprintf("%s://127.0.0.1:%d", scheme, ports[2*i]),
 			peerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1]),
 		}
 		m.dataDir = filepath.Join(dir, m.name)
@@ -171,6 +193,10 @@ func (c *Cluster) startMember(m *member, state string) error {
 	if !c.opts.Fsync {
 		args = append(args, "--unsafe-no-fsync")
 	}
+	if t := c.opts.TLS; t != nil {
+		args = append(args, "--cert-file", t.ServerCert, "--key-file", t.ServerKey,
+			"--trusted-ca-file", t.CA, "--client-cert-auth")
+	}
 	cmd := exec.Command(c.bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = sysProcAttr()
@@ -191,7 +217,7 @@ func (c *Cluster) waitHealthy(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for _, ep := range c.Endpoints() {
 		for {
-			err := ping(ep)
+			err := c.ping(ep)
 			if err == nil {
 				break
 			}
@@ -205,8 +231,8 @@ func (c *Cluster) waitHealthy(timeout time.Duration) error {
 }
 
 // ping makes a linearizable read through ep alone, which needs a leader.
-func ping(ep string) error {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+func (c *Cluster) ping(ep string) error {
+	cli, err := clientv3.New(c.config(ep))
 	if err != nil {
 		return err
 	}
@@ -238,7 +264,13 @@ func (c *Cluster) Stop() {
 
 // Client returns a new client of every member; the caller closes it.
 func (c *Cluster) Client() (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	return clientv3.New(c.config(c.Endpoints()...))
+}
+
+// config is the configuration of a client of endpoints, with the client
+// certificate when the members serve TLS.
+func (c *Cluster) config(endpoints ...string) clientv3.Config {
+	return clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: c.tls}
 }
 
 // freePorts returns n loopback ports that were free a moment ago.
@@ -263,5 +295,6 @@ func freePorts(n int) ([]int, error) {
 
 // Member returns the host:port of member i's client URL.
 func (c *Cluster) Member(i int) string {
-	return strings.TrimPrefix(c.Endpoints()[i], "http://")
+	_, hostPort, _ := strings.Cut(c.Endpoints()[i], "://")
+	return hostPort
 }

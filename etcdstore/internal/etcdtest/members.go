@@ -3,16 +3,14 @@ package etcdtest
 import (
 	"context"
 	"fmt"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // Leader returns the index of the member that leads the cluster now.
 func (c *Cluster) Leader(ctx context.Context) (int, error) {
 	eps := c.Endpoints()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(c.config(eps...))
 	if err != nil {
 		return -1, err
 	}
