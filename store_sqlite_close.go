@@ -51,6 +51,9 @@ func (s *SQLiteStore) exit(op string) {
 	s.gate.calls.Done()
 }
 
+// isClosed reports whether Close has begun.
+func (s *SQLiteStore) isClosed() bool { return s.closed.Load() }
+
 // Close refuses new calls with [ErrStoreClosed], waits for the calls in
 // flight to return (a write among them either commits, durably, or fails
 // with its own error), then closes the database and releases the writer
@@ -71,6 +74,7 @@ func (s *SQLiteStore) Close() error {
 	defer close(s.gate.done)
 
 	s.closed.Store(true)
+	forgetStore(s)
 	if s.hooks != nil && s.hooks.closing != nil {
 		s.hooks.closing()
 	}

@@ -11,7 +11,15 @@ import (
 // there), then reads it, then writes over it. So the process remembers the
 // released rows its own Leases wrote, by Store value and run key, and the
 // next Acquire of that run here writes over the row it remembers straight
-// away, as [AcquireWait] does with a row it was told of.
+// away, as [AcquireWait] does with a row it was told of. (A Lease that
+// finds its run released at its fence by someone else, an operator's
+// ForceRelease, remembers that row the same way: it is the stored row.)
+//
+// The memo refers to each Store value it holds rows of. The built-in SQLite
+// and Postgres stores forget their rows when closed; any other Store value
+// stays reachable while the memo holds one of its rows: until the run is
+// acquired or pruned again here, or until maxTombstones later releases have
+// pushed the row out.
 //
 // A remembered row is only a guess, taken out of the memo by the Acquire
 // that uses it: the write over it is conditional on the store holding
@@ -44,11 +52,20 @@ type tombstone struct {
 	row string
 }
 
+// closedStore is a built-in store that knows whether it was closed.
+type closedStore interface{ isClosed() bool }
+
 // rememberReleased records row, a released row that landed at key on store.
+// A built-in store that is closed has forgotten its rows, or will, and gets
+// none again: Close marks it closed before it forgets, and both the mark's
+// reading here and the forgetting happen under tombstones.mu.
 func rememberReleased(store Store, key, row string) {
 	k := tombKey{store, key}
 	tombstones.mu.Lock()
 	defer tombstones.mu.Unlock()
+	if c, ok := store.(closedStore); ok && c.isClosed() {
+		return
+	}
 	if e, ok := tombstones.m[k]; ok {
 		e.Value.(*tombstone).row = row
 		tombstones.order.MoveToBack(e)
@@ -79,6 +96,22 @@ func forgetReleased(store Store, key string) {
 	tombstones.mu.Lock()
 	defer tombstones.mu.Unlock()
 	dropLocked(tombKey{store, key})
+}
+
+// forgetStore forgets every released row remembered for store: the
+// built-in stores call it when they are closed, so that the memo never
+// keeps a closed store reachable.
+func forgetStore(store Store) {
+	tombstones.mu.Lock()
+	defer tombstones.mu.Unlock()
+	for e := tombstones.order.Front(); e != nil; {
+		next := e.Next()
+		if t := e.Value.(*tombstone); t.k.store == store {
+			delete(tombstones.m, t.k)
+			tombstones.order.Remove(e)
+		}
+		e = next
+	}
 }
 
 // dropLocked removes k from the memo and returns its element, nil when it

@@ -39,4 +39,25 @@ func TestTombstonesAreBounded(t *testing.T) {
 	forgetReleased(b, "x")
 	_, ok = takeReleased(b, "x")
 	assert.False(t, ok, "a forgotten row is gone")
+
+	// The order list is bounded with the map: takes and forgets unlink
+	// their elements, and a store's rows all go when it is forgotten.
+	for i := range 4 * maxTombstones {
+		k := "cycle" + strconv.Itoa(i%7)
+		rememberReleased(a, k, "row")
+		_, ok := takeReleased(a, k)
+		require.True(t, ok, "cycle %d: the row just remembered is there", i)
+		rememberReleased(b, k, "row")
+		forgetReleased(b, k)
+	}
+	for i := range 10 {
+		rememberReleased(a, "s"+strconv.Itoa(i), "row")
+	}
+	forgetStore(a)
+	_, ok = takeReleased(a, "s3")
+	assert.False(t, ok, "a forgotten store's rows are gone")
+	tombstones.mu.Lock()
+	n, l := len(tombstones.m), tombstones.order.Len()
+	tombstones.mu.Unlock()
+	assert.Equal(t, n, l, "the order list holds exactly the rows of the map")
 }

@@ -2,8 +2,11 @@ package runlease_test
 
 import (
 	"errors"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/pgtest"
 	"github.com/areev/runlease/internal/testkit"
 )
 
@@ -136,4 +140,46 @@ func TestReacquireAfterReleaseWritesOverTheReleasedRow(t *testing.T) {
 		assert.Equal(t, uint64(2), l.Fence())
 		require.NoError(t, l.Renew(ctx))
 	})
+}
+
+// TestTheMemoOfReleasedRowsKeepsNoClosedStore checks that a store closed
+// and dropped after a release is collected: the memo of released rows
+// refers to Store values, and the built-in stores leave it when closed.
+func TestTheMemoOfReleasedRowsKeepsNoClosedStore(t *testing.T) {
+	count := func(c *atomic.Int32) { c.Add(1) }
+	open := map[string]func(t *testing.T, i int, freed *atomic.Int32) runlease.ClosableStore{
+		"sqlite": func(t *testing.T, i int, freed *atomic.Int32) runlease.ClosableStore {
+			s, err := runlease.OpenSQLite(filepath.Join(t.TempDir(), strconv.Itoa(i)+".db"))
+			require.NoError(t, err)
+			runtime.AddCleanup(s, count, freed)
+			return s
+		},
+		"postgres": func(t *testing.T, i int, freed *atomic.Int32) runlease.ClosableStore {
+			pool := pgtest.Pool(t)
+			s, err := runlease.NewPostgres(t.Context(), pool, runlease.WithTable(pgtest.NewTable(t, pool)))
+			require.NoError(t, err)
+			runtime.AddCleanup(s, count, freed)
+			return s
+		},
+	}
+	for name, open := range open {
+		t.Run(name, func(t *testing.T) {
+			const n = 4
+			var freed atomic.Int32
+			for i := range n {
+				func() {
+					s := open(t, i, &freed)
+					l, err := runlease.Acquire(t.Context(), s, "r1", "A")
+					require.NoError(t, err)
+					require.NoError(t, l.Release(t.Context()))
+					require.NoError(t, s.Close())
+				}()
+			}
+			for deadline := time.Now().Add(10 * time.Second); freed.Load() < n && time.Now().Before(deadline); {
+				runtime.GC()
+				time.Sleep(10 * time.Millisecond)
+			}
+			assert.Equal(t, int32(n), freed.Load(), "every store closed and dropped was collected")
+		})
+	}
 }

@@ -280,6 +280,22 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestReacquireAfterReleaseWritesOverTheReleasedRow"},
 	},
 	{
+		Name:   "closed-store-kept-by-the-released-rows",
+		File:   "store_sqlite_close.go",
+		Old:    "\tforgetStore(s)\n",
+		New:    "",
+		Breaks: "A SQLite store closed and dropped after a release stays reachable from the memo of released rows, with its database handle, until 1024 later releases push its row out.",
+		Pkg:    ".", Tests: []string{"TestTheMemoOfReleasedRowsKeepsNoClosedStore"},
+	},
+	{
+		Name:   "released-rows-list-not-unlinked",
+		File:   "tombstones.go",
+		Old:    "\ttombstones.order.Remove(e)\n\treturn e\n",
+		New:    "\treturn e\n",
+		Breaks: "Taking or forgetting a remembered row leaves its element in the order list: every release-then-acquire cycle grows the memo's memory without bound.",
+		Pkg:    ".", Tests: []string{"TestTombstonesAreBounded"},
+	},
+	{
 		Name:   "own-row-by-holder-and-fence",
 		File:   "lease_write.go",
 		Old:    "return slices.Contains(l.doubt, row.UntilMS)",
