@@ -46,7 +46,12 @@ func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, 
 // because of a forgotten [WithTTL] (a crashed driver's slots free when its
 // lease does), nor be judged by another clock, and [KeepSlots] takes them.
 // A lease that is lost or being released claims nothing and returns its
-// loss.
+// loss. On a store that implements [Batcher] (every built-in store does),
+// the claim is fenced like [Lease.Write]: it lands in one atomic batch with
+// a renewal of the lease, only if the lease row is still the one this lease
+// wrote, so a driver whose lease was taken over without its knowing claims
+// nothing and gets its [*LeaseLostError] (slot rows belong to the run: an
+// unfenced claim by such a driver would take over its successor's slot).
 //
 //	slots, err := lease.ClaimSlots(ctx, []runlease.Scope{runlease.MemScope(8)})
 //	if errors.Is(err, runlease.ErrConcurrencyLimit) {
@@ -65,22 +70,80 @@ func (l *Lease) ClaimSlots(ctx context.Context, scopes []Scope) (*Slots, error) 
 	}
 	o := l.o
 	o.set &= optsClaim
+	if _, ok := l.store.(Batcher); ok && len(scopes) > 0 {
+		return l.claimFenced(ctx, scopes, o)
+	}
 	return claimSlots(ctx, l.store, l.runID, scopes, o)
+}
+
+// claimFenced claims the slots in one atomic batch with a renewal of the
+// lease, conditional on the lease row as this lease last saw it: a lease
+// that was taken over, even one that does not know it yet, claims nothing.
+// Slot rows belong to the run, so without the fence a superseded driver of
+// the run would write over the slot its successor holds and then, on its
+// release, delete it while the successor still trusts it: another run would
+// take the slot, and the scope would hold one run more than its limit.
+// The lease's unknown outcomes and losses are resolved as for a fenced
+// write ([Lease.Write]); a slot taken between the scan and the write makes
+// the claim scan again, as an unfenced claim does.
+func (l *Lease) claimFenced(ctx context.Context, scopes []Scope, o options) (*Slots, error) {
+	if err := checkScopes(scopes); err != nil {
+		return nil, err
+	}
+	s := newSlots(l.store, l.runID, o)
+	for try := 0; ; try++ {
+		plans, err := s.planAll(ctx, scopes)
+		if err != nil {
+			return nil, err
+		}
+		conds, ops, held := s.claimWrites(scopes, plans)
+		err = l.update(ctx, kindWrite, &userBatch{conds: conds, ops: ops})
+		var se *StorageError
+		switch {
+		case err == nil:
+			s.held = held
+			return s, nil
+		case errors.Is(err, ErrConditionFailed) && try < claimBatchTries-1:
+			// Another claimant took a slot between the scan and the write.
+		case errors.Is(err, ErrConditionFailed):
+			return nil, &ConcurrencyLimitError{Scope: scopes[0].name, Limit: scopes[0].limit}
+		case errors.As(err, &se) && se.Retryable && !se.Unknown && ctx.Err() == nil:
+			if err := sleepCtx(ctx, jitter(time.Duration(min(try+1, 50))*time.Millisecond)); err != nil {
+				return nil, &StorageError{Op: "MetaBatch", Err: err}
+			}
+		default:
+			return nil, err
+		}
+	}
+}
+
+// checkScopes refuses scopes that are invalid or listed twice.
+func checkScopes(scopes []Scope) error {
+	seen := map[string]bool{}
+	for _, sc := range scopes {
+		if err := sc.validate(); err != nil {
+			return err
+		}
+		if seen[sc.name] {
+			return invalidArg("scopes", "scope %q is listed twice", sc.name)
+		}
+		seen[sc.name] = true
+	}
+	return nil
 }
 
 // claimSlots is ClaimSlots with its options built and runID checked.
 func claimSlots(ctx context.Context, store Store, runID string, scopes []Scope, o options) (*Slots, error) {
-	seen := map[string]bool{}
-	for _, sc := range scopes {
-		if err := sc.validate(); err != nil {
-			return nil, err
-		}
-		if seen[sc.name] {
-			return nil, invalidArg("scopes", "scope %q is listed twice", sc.name)
-		}
-		seen[sc.name] = true
+	if err := checkScopes(scopes); err != nil {
+		return nil, err
 	}
 	s := newSlots(store, runID, o)
+	if len(scopes) == 1 {
+		if err := s.claimSingle(ctx, scopes[0]); err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
 	if b, ok := store.(Batcher); ok && len(scopes) > 0 {
 		if err := s.claimBatch(ctx, b, scopes); err != nil {
 			return nil, err
@@ -123,6 +186,37 @@ func (s *Slots) claimRow(key string, floorMS int64) (string, int64, *lineage) {
 	return leaseRow{Holder: s.runID, UntilMS: untilMS}.encode(), untilMS, lin
 }
 
+// claimSingle claims a slot of one scope: a scan, then a conditional write
+// per candidate slot until one lands, each all or nothing by itself, so one
+// scope needs no batch (whose general form costs a store more than one
+// write). When every candidate was taken between the scan and the writes,
+// it scans again, as a batched claim does after a lost race, and a fault
+// that a retry is expected to clear and that changed nothing is retried
+// until ctx ends.
+func (s *Slots) claimSingle(ctx context.Context, sc Scope) error {
+	for try := 0; ; try++ {
+		cands, err := s.plan(ctx, sc)
+		if err != nil {
+			return err
+		}
+		err = s.claimOne(ctx, sc, cands)
+		var se *StorageError
+		var limit *ConcurrencyLimitError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &se) && se.Retryable && !se.Unknown && ctx.Err() == nil:
+			if err := sleepCtx(ctx, jitter(time.Duration(min(try+1, 50))*time.Millisecond)); err != nil {
+				return &StorageError{Op: "MetaCAS", Err: err}
+			}
+		case errors.As(err, &limit) && try < claimBatchTries-1:
+			// Every candidate was taken between the scan and the writes.
+		default:
+			return err
+		}
+	}
+}
+
 // claimBatchTries bounds how often a batched claim that lost a race to
 // another claimant reads the scopes again and retries.
 const claimBatchTries = 8
@@ -139,18 +233,7 @@ func (s *Slots) claimBatch(ctx context.Context, b Batcher, scopes []Scope) error
 		if err != nil {
 			return err
 		}
-		conds := make([]Cond, len(scopes))
-		ops := make([]Op, len(scopes))
-		held := make([]*heldSlot, len(scopes))
-		start := time.Now()
-		for i, sc := range scopes {
-			c := plans[i][0]
-			key := sc.prefix() + strconv.Itoa(c.slot)
-			row, untilMS, lin := s.claimRow(key, c.floorMS)
-			conds[i], ops[i] = Cond{Key: key, Value: c.expected}, Put(key, row)
-			held[i] = &heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row,
-				untilMS: untilMS, sentMS: untilMS, lin: lin, trustFrom: start, prev: c.expected}
-		}
+		conds, ops, held := s.claimWrites(scopes, plans)
 		ok, err := batchResolved(ctx, b, s.store, conds, ops)
 		var se *StorageError
 		switch {
@@ -167,6 +250,24 @@ func (s *Slots) claimBatch(ctx context.Context, b Batcher, scopes []Scope) error
 			return &ConcurrencyLimitError{Scope: scopes[0].name, Limit: scopes[0].limit}
 		}
 	}
+}
+
+// claimWrites returns the conditions and puts of a batch that claims the
+// first candidate slot of every scope, and the slots it would hold.
+func (s *Slots) claimWrites(scopes []Scope, plans [][]slotCandidate) ([]Cond, []Op, []*heldSlot) {
+	conds := make([]Cond, len(scopes))
+	ops := make([]Op, len(scopes))
+	held := make([]*heldSlot, len(scopes))
+	start := time.Now()
+	for i, sc := range scopes {
+		c := plans[i][0]
+		key := sc.prefix() + strconv.Itoa(c.slot)
+		row, untilMS, lin := s.claimRow(key, c.floorMS)
+		conds[i], ops[i] = Cond{Key: key, Value: c.expected}, Put(key, row)
+		held[i] = &heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row,
+			untilMS: untilMS, sentMS: untilMS, lin: lin, trustFrom: start, prev: c.expected}
+	}
+	return conds, ops, held
 }
 
 // slotCandidate is a slot that a scan found free (or ours), and the row to
@@ -187,10 +288,15 @@ func (s *Slots) plan(ctx context.Context, sc Scope) ([]slotCandidate, error) {
 		return nil, err
 	}
 	now := s.o.nowMS()
-	taken := make(map[int]string, len(rows))
+	type takenSlot struct {
+		raw  *string
+		live bool
+	}
+	taken := make(map[int]takenSlot, len(rows)) // each row decoded once
 	var own []slotCandidate
 	live, above := 0, 0
-	for _, r := range rows {
+	for i := range rows {
+		r := &rows[i]
 		scope, slot, ok := parseSlotKey(r.Key)
 		if !ok || scope != sc.name {
 			continue // a longer scope name that shares this prefix
@@ -199,7 +305,7 @@ func (s *Slots) plan(ctx context.Context, sc Scope) ([]slotCandidate, error) {
 		if err != nil {
 			return nil, corruptRow(r.Key, r.Value, err)
 		}
-		taken[slot] = r.Value
+		taken[slot] = takenSlot{&r.Value, row.live(now)}
 		// The run's own row counts as held only while live: an expired one
 		// is a free slot like any other, or the limit would not hold.
 		if row.Holder == s.runID && slot < sc.limit && row.live(now) {
@@ -219,11 +325,11 @@ func (s *Slots) plan(ctx context.Context, sc Scope) ([]slotCandidate, error) {
 	}
 	out := own[:min(len(own), 1)]
 	for k := 0; k < sc.limit && len(out) < sc.limit-live; k++ {
-		raw, ok := taken[k]
+		t, ok := taken[k]
 		if !ok {
 			out = append(out, slotCandidate{slot: k})
-		} else if row, _ := decodeRow(raw); !row.live(now) {
-			out = append(out, slotCandidate{slot: k, expected: &raw})
+		} else if !t.live {
+			out = append(out, slotCandidate{slot: k, expected: t.raw})
 		}
 	}
 	if len(out) == 0 {

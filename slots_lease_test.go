@@ -86,3 +86,51 @@ func TestLeaseClaimSlotsRefusedOnceLost(t *testing.T) {
 	assert.Empty(t, occ)
 	assert.Len(t, rows(t, s), len(before), "no slot row was written")
 }
+
+// TestLeaseClaimSlotsOfASupersededLeaseClaimsNothing: a driver whose lease
+// expired unnoticed (its Lease has not renewed since its successor took the
+// run over) claims through it. Slot rows belong to the run, so an unfenced
+// claim would write over the successor's slot as the run's own, and its
+// release would then delete it while the successor still trusts it: a
+// third run would take the slot, two runs in a scope of limit 1. The claim
+// is fenced by the lease row and fails as a loss, writing nothing.
+func TestLeaseClaimSlotsOfASupersededLeaseClaimsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newSQLite(t)
+	clk := testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now)}
+	mem := []runlease.Scope{runlease.MemScope(1)}
+	stale, err := runlease.Acquire(ctx, s, "r", "D2", opts...)
+	require.NoError(t, err)
+	clk.Advance(runlease.MinTTL)
+	successor, err := runlease.Acquire(ctx, s, "r", "D1", opts...)
+	require.NoError(t, err)
+	held, err := successor.ClaimSlots(ctx, mem)
+	require.NoError(t, err)
+	before := rows(t, s)
+
+	_, err = stale.ClaimSlots(ctx, mem)
+	require.ErrorIs(t, err, runlease.ErrTakenOver, "the stale lease learns it is lost")
+	assert.Equal(t, before, rows(t, s), "nothing was written")
+
+	require.NoError(t, held.Renew(ctx), "the successor's slot is still its own")
+	_, err = runlease.ClaimSlots(ctx, s, "other", mem, runlease.WithClock(clk.Now))
+	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit, "the scope is full: the successor holds it")
+}
+
+// TestLeaseClaimSlotsRenewsTheLease: the fenced claim writes the lease row
+// too, in the same batch, so a claim is also a renewal.
+func TestLeaseClaimSlotsRenewsTheLease(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newSQLite(t)
+	clk := testkit.NewClock(epoch)
+	l, err := runlease.Acquire(ctx, s, "r", "A", runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	clk.Advance(time.Second)
+	_, err = l.ClaimSlots(ctx, []runlease.Scope{runlease.MemScope(1)})
+	require.NoError(t, err)
+	assert.Equal(t, epoch.Add(time.Second+runlease.MinTTL), l.Expiry())
+	require.NoError(t, l.Renew(ctx), "the lease goes on from the row the claim wrote")
+}

@@ -207,15 +207,15 @@ func TestClaimCostDoesNotGrowWithTheLimit(t *testing.T) {
 				}
 				cb := testkit.NewCountingBatcher(s)
 				var store runlease.Store = &cb.Counting // hides MetaBatch: one CAS per scope
-				writes := &cb.Counting.CASes
 				if batched {
-					store, writes = cb, &cb.Batches
+					store = cb
 				}
 				sl, err := runlease.ClaimSlots(t.Context(), store, "last", scopes)
 				require.NoError(t, err)
 				assert.Equal(t, limit-1, sl.Held()[0].Slot, "the one free slot")
 				assert.Equal(t, int64(1), cb.Scans.Load(), "one scan per scope")
-				assert.Equal(t, int64(1), writes.Load(), "one write")
+				assert.Equal(t, int64(1), cb.CASes.Load(), "one write")
+				assert.Zero(t, cb.Batches.Load(), "one scope is one conditional write, never a batch")
 				assert.Equal(t, int64(2), cb.Total()+cb.Batches.Load())
 
 				cb.Reset()
@@ -319,4 +319,50 @@ func TestOccupancyListsLiveSlots(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, occ, 1, "r1's slots expired")
 	assert.Equal(t, "r2", occ[0].RunID)
+}
+
+// scanHook is a store that runs a function once, after the next scan and
+// before its reply: other claimants moving between a claim's scan and its
+// write.
+type scanHook struct {
+	runlease.Store
+	then func()
+}
+
+func (h *scanHook) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, error) {
+	rows, err := h.Store.MetaScan(ctx, prefix)
+	if fn := h.then; fn != nil {
+		h.then = nil
+		fn()
+	}
+	return rows, err
+}
+
+// TestClaimOfOneScopeScansAgainAfterLosingEveryRace: a claim whose every
+// candidate slot was taken between its scan and its writes scans again and
+// takes a slot freed meanwhile, rather than report the scope full.
+func TestClaimOfOneScopeScansAgainAfterLosingEveryRace(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newSQLite(t)
+	gpu := []runlease.Scope{runlease.NamedScope("gpu", 2)}
+	x, err := runlease.ClaimSlots(ctx, s, "x", gpu)
+	require.NoError(t, err)
+	y, err := runlease.ClaimSlots(ctx, s, "y", gpu)
+	require.NoError(t, err)
+	require.Equal(t, 1, y.Held()[0].Slot)
+	require.NoError(t, x.Release(ctx)) // slot 0 free, slot 1 y's
+
+	h := &scanHook{Store: s}
+	h.then = func() {
+		r, err := runlease.ClaimSlots(ctx, s, "r", gpu) // takes slot 0, z's one candidate
+		require.NoError(t, err)
+		require.Equal(t, 0, r.Held()[0].Slot)
+		require.NoError(t, y.Release(ctx)) // and slot 1 frees
+	}
+	z, err := runlease.ClaimSlots(ctx, h, "z", gpu)
+	require.NoError(t, err, "a slot was free when the claim wrote")
+	assert.Equal(t, 1, z.Held()[0].Slot)
+	_, err = runlease.ClaimSlots(ctx, s, "w", gpu)
+	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit, "r and z hold both slots")
 }

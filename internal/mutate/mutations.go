@@ -296,6 +296,22 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestTombstonesAreBounded"},
 	},
 	{
+		Name:   "one-scope-claim-gives-up-after-a-lost-race",
+		File:   "slots_claim.go",
+		Old:    "case errors.As(err, &limit) && try < claimBatchTries-1:",
+		New:    "case errors.As(err, &limit) && try < 0:",
+		Breaks: "A claim of one scope whose candidate slots were all taken between its scan and its writes reports the scope full, though another slot freed meanwhile.",
+		Pkg:    ".", Tests: []string{"TestClaimOfOneScopeScansAgainAfterLosingEveryRace"},
+	},
+	{
+		Name:   "lease-claim-unfenced",
+		File:   "slots_claim.go",
+		Old:    "if _, ok := l.store.(Batcher); ok && len(scopes) > 0 {",
+		New:    "if _, ok := l.store.(Batcher); ok && len(scopes) < 0 {",
+		Breaks: "A superseded driver's Lease.ClaimSlots writes over its successor's slot as the run's own; its release then deletes the slot while the successor trusts it, and a third run gets in past the limit.",
+		Pkg:    ".", Tests: []string{"TestLeaseClaimSlotsOfASupersededLeaseClaimsNothing"},
+	},
+	{
 		Name:   "own-row-by-holder-and-fence",
 		File:   "lease_write.go",
 		Old:    "return slices.Contains(l.doubt, row.UntilMS)",
