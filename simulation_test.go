@@ -409,7 +409,7 @@ func (w *world) claim(h *heldRun) {
 		return
 	}
 	w.launch("claim "+h.run, 3*time.Second, func(ctx context.Context) {
-		s, err := runlease.ClaimSlots(ctx, w.store, h.run, []runlease.Scope{runlease.MemScope(1)}, runlease.WithTTL(simTTL))
+		s, err := h.lease.ClaimSlots(ctx, []runlease.Scope{runlease.MemScope(1)})
 		w.logf("claim %s/%s: %v", h.holder, h.run, err)
 		if err == nil {
 			w.mu.Lock()

@@ -28,7 +28,10 @@ import (
 // [Keeper] keeping both never trusts the lease longer than the slots.
 //
 // [Lease.ClaimSlots] claims them through the run's lease, which rules out
-// those mismatches; prefer it.
+// those mismatches and fences the claim by the lease; prefer it. This
+// function is not fenced: a driver whose lease was taken over without its
+// knowing can still claim through it, over the slot its successor holds for
+// the run, and free that slot on its release.
 func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, opts ...Option) (*Slots, error) {
 	o, err := buildOptions(store, opts, optsClaim, "ClaimSlots")
 	if err != nil {
@@ -52,6 +55,8 @@ func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, 
 // wrote, so a driver whose lease was taken over without its knowing claims
 // nothing and gets its [*LeaseLostError] (slot rows belong to the run: an
 // unfenced claim by such a driver would take over its successor's slot).
+// Such a claim takes at most MaxBatch-1 scopes, refused with
+// [ErrInvalidArgument] before anything is read.
 //
 //	slots, err := lease.ClaimSlots(ctx, []runlease.Scope{runlease.MemScope(8)})
 //	if errors.Is(err, runlease.ErrConcurrencyLimit) {
@@ -89,6 +94,9 @@ func (l *Lease) ClaimSlots(ctx context.Context, scopes []Scope) (*Slots, error) 
 func (l *Lease) claimFenced(ctx context.Context, scopes []Scope, o options) (*Slots, error) {
 	if err := checkScopes(scopes); err != nil {
 		return nil, err
+	}
+	if len(scopes) >= MaxBatch {
+		return nil, invalidArg("scopes", "%d scopes; a claim through a lease takes at most %d (its batch also writes the lease row)", len(scopes), MaxBatch-1)
 	}
 	s := newSlots(l.store, l.runID, o)
 	for try := 0; ; try++ {

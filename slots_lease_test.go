@@ -1,6 +1,7 @@
 package runlease_test
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -133,4 +134,27 @@ func TestLeaseClaimSlotsRenewsTheLease(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, epoch.Add(time.Second+runlease.MinTTL), l.Expiry())
 	require.NoError(t, l.Renew(ctx), "the lease goes on from the row the claim wrote")
+}
+
+// TestLeaseClaimSlotsRefusesMoreScopesThanItsBatchTakes: the fenced batch
+// also writes the lease row, so a claim through a lease takes one scope
+// fewer than MaxBatch; more are refused before anything is read.
+func TestLeaseClaimSlotsRefusesMoreScopesThanItsBatchTakes(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newSQLite(t)
+	l, err := runlease.Acquire(ctx, s, "r", "A")
+	require.NoError(t, err)
+	scopes := make([]runlease.Scope, runlease.MaxBatch)
+	for i := range scopes {
+		scopes[i] = runlease.NamedScope("s"+strconv.Itoa(i), 1)
+	}
+	before := rows(t, s)
+	_, err = l.ClaimSlots(ctx, scopes)
+	require.ErrorIs(t, err, runlease.ErrInvalidArgument)
+	assert.ErrorContains(t, err, "at most 255")
+	assert.Equal(t, before, rows(t, s))
+	slots, err := l.ClaimSlots(ctx, scopes[:runlease.MaxBatch-1])
+	require.NoError(t, err)
+	assert.Len(t, slots.Held(), runlease.MaxBatch-1)
 }
