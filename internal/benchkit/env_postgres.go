@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -213,3 +214,26 @@ func (r *pgRaw) Upsert(ctx context.Context, rows []runlease.Row) error {
 	_, err := r.pool.Exec(ctx, r.q.upsert, pgMode, keys, values)
 	return err
 }
+
+// DSN returns the Postgres server's DSN, and CountConn wraps a connection
+// to it so that its round trips count with the Env's: together they let a
+// baseline written against another driver (another lock library, say)
+// connect to the same server and be counted alike. A Postgres Env only.
+func (e *Env) DSN() string {
+	if e.pg == nil {
+		return ""
+	}
+	return e.pg.dsn
+}
+
+// CountConn returns conn with its round trips counted by e (see DSN).
+func (e *Env) CountConn(conn net.Conn) net.Conn {
+	if e.pg == nil {
+		return conn
+	}
+	return e.pg.trips.Wrap(conn)
+}
+
+// OnClose registers fn to run when e is closed, before what e opened
+// itself is closed.
+func (e *Env) OnClose(fn func() error) { e.onClose(fn) }

@@ -55,19 +55,19 @@ func TestEtcdTLS(t *testing.T) {
 	})
 
 	t.Run("without a client certificate the member refuses", func(t *testing.T) {
-		r := runCLI(t, "peek", "live", "--etcd", https, "--etcd-cacert", files.CA, "--timeout", "3s")
+		r := runCLI(t, "peek", "live", "--etcd", https, "--etcd-cacert", files.CA, "--timeout", "1s")
 		assert.Equal(t, 1, r.code, r.stderr)
 		assert.Contains(t, r.stderr, "RUN-E011")
 	})
 
 	t.Run("without the authority the member is not trusted", func(t *testing.T) {
-		r := runCLI(t, "peek", "live", "--etcd", https, "--etcd-cert", files.ClientCert, "--etcd-key", files.ClientKey, "--timeout", "3s")
+		r := runCLI(t, "peek", "live", "--etcd", https, "--etcd-cert", files.ClientCert, "--etcd-key", files.ClientKey, "--timeout", "1s")
 		assert.Equal(t, 1, r.code, r.stderr)
 		assert.Contains(t, r.stderr, "RUN-E011")
 	})
 
 	t.Run("plain http to a TLS member fails", func(t *testing.T) {
-		r := runCLI(t, "peek", "live", "--etcd", "http://"+hostPort, "--timeout", "3s")
+		r := runCLI(t, "peek", "live", "--etcd", "http://"+hostPort, "--timeout", "1s")
 		assert.Equal(t, 1, r.code, r.stderr)
 	})
 
