@@ -28,9 +28,10 @@ import (
 //
 // A lineage belongs to one Store value: Leases on stores of their own (each
 // test its own, with a clock of its own) never push each other's stamps.
-// Equal Store values are one store; a Store value that cannot be compared,
-// or is not equal to itself, is refused where options are built, so every
-// Store value here can key a map. A process that reaches one database through two Store values, and
+// Equal Store values are one store, and so are a Store and the wrappers
+// around it that say so with an Unwrap method (see [Store]); a Store value
+// that cannot be compared, or is not equal to itself, is refused where
+// options are built, so every Store value here can key a map. A process that reaches one database through two Store values, and
 // acquires one run through both as one holder, must not rely on them being
 // told apart: use one Store value per database, or a holder per Store
 // value.
@@ -78,7 +79,7 @@ type lineage struct {
 
 // lineageOf returns the lineage of the run key, holder and fence on store.
 func lineageOf(store Store, key, holder string, fence uint64) *lineage {
-	k := lineageKey{store: store, key: key, holder: holder, fence: fence}
+	k := lineageKey{store: storeIdentity(store), key: key, holder: holder, fence: fence}
 	lineages.mu.Lock()
 	defer lineages.mu.Unlock()
 	if len(lineages.pins) > 0 {
@@ -98,6 +99,27 @@ func lineageOf(store Store, key, holder string, fence uint64) *lineage {
 	lineages.m[k] = weak.Make(c)
 	runtime.AddCleanup(c, forgetLineage, k)
 	return c
+}
+
+// maxUnwrap bounds how many wrappers storeIdentity looks through.
+const maxUnwrap = 16
+
+// storeIdentity returns the store that store wraps, through every Unwrap method
+// (see [Store]), or store itself: Store values of one identity are one
+// store to the lineages and to the memo of released rows.
+func storeIdentity(store Store) Store {
+	for range maxUnwrap {
+		u, ok := store.(interface{ Unwrap() Store })
+		if !ok {
+			return store
+		}
+		inner := u.Unwrap()
+		if inner == nil {
+			return store
+		}
+		store = inner
+	}
+	return store
 }
 
 // forgetLineage drops k's entry once its lineage is gone.

@@ -125,7 +125,7 @@ func buildOptions(store Store, opts []Option, allowed optionSet, fn string) (opt
 	if store == nil {
 		return o, invalidArg("store", "nil")
 	}
-	if !reflect.ValueOf(store).Comparable() || store != store {
+	if !keyable(store) || !keyable(storeIdentity(store)) {
 		// Rows are stamped apart per Store value (see lineage.go), which
 		// needs a value that keys a map: one that compares, and equals
 		// itself (a struct holding a NaN float does not). A pointer
@@ -256,4 +256,10 @@ func deleteResolved(ctx context.Context, s Store, key, expected string) (bool, e
 		return true, nil
 	}
 	return false, nil
+}
+
+// keyable reports whether store can key a map: its value compares, and
+// equals itself (a struct holding a NaN float does not).
+func keyable(store Store) bool {
+	return reflect.ValueOf(store).Comparable() && store == store
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
@@ -40,4 +41,39 @@ func TestSlotsTwinRowIsNeverTakenForOwnRenewal(t *testing.T) {
 	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit, "limit 1: the slot is S2's")
 	require.Len(t, s2.Held(), 1)
 	require.NoError(t, s2.Renew(ctx))
+}
+
+// wrapped is a decorator of a store that says which store it wraps.
+type wrapped struct{ *testkit.Faulty }
+
+func (w wrapped) Unwrap() runlease.Store { return w.Faulty }
+
+// TestSlotsOfOneRunThroughAWrapperAreStampedApart: a run's successor
+// driver claims the run's slot through a decorator of the store its
+// predecessor used, in the millisecond of the predecessor's renewal whose
+// outcome is unknown. Had the decorator been a store of its own, the claim
+// would stamp the renewal's very bytes, and the predecessor's release would
+// take the successor's row for its own renewal and delete it while the
+// successor holds it. A decorator that says what it wraps is one store.
+func TestSlotsOfOneRunThroughAWrapperAreStampedApart(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := &testkit.Faulty{Store: newSQLite(t)}
+	clk := testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithClock(clk.Now), runlease.WithTTL(runlease.MinTTL)}
+	mem := []runlease.Scope{runlease.MemScope(1)}
+	before, err := runlease.ClaimSlots(ctx, f, "r", mem, opts...)
+	require.NoError(t, err)
+	clk.Advance(time.Second)
+	f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS")})
+	require.Error(t, before.Renew(ctx), "the renewal's outcome is unknown")
+
+	after, err := runlease.ClaimSlots(ctx, wrapped{f}, "r", mem, opts...)
+	require.NoError(t, err)
+	row := get(t, f, "runslot:mem:0")
+	require.NoError(t, before.Release(ctx))
+	assert.Equal(t, row, get(t, f, "runslot:mem:0"), "the successor's row is not the predecessor's to delete")
+	require.NoError(t, after.Renew(ctx))
+	_, err = runlease.ClaimSlots(ctx, f, "other", mem, opts...)
+	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit, "the run still holds the slot")
 }

@@ -60,8 +60,14 @@ type Row struct {
 // Identity. A Store value must be comparable with == and equal to itself (a
 // pointer always is), and one database should be reached through one Store
 // value per process: the rows of one holder and run are stamped apart per
-// Store value. A value that cannot be compared, or that holds a NaN float
-// and so is not equal to itself, is refused with [ErrInvalidArgument].
+// Store value, and a slot row's holder is its run, so two drivers of one
+// run in one process (a driver and its successor) must reach the store
+// through one identity. A Store that wraps another (a decorator adding
+// metrics, tracing or wake-ups of its own) says so with a method
+// Unwrap() Store that returns the store it wraps, and the library then
+// treats the two as one store. A value that cannot be compared, or that
+// holds a NaN float and so is not equal to itself, is refused with
+// [ErrInvalidArgument].
 type Store interface {
 	// MetaGet returns the value stored at key; found is false when the key is
 	// absent.

@@ -60,6 +60,7 @@ type closedStore interface{ isClosed() bool }
 // none again: Close marks it closed before it forgets, and both the mark's
 // reading here and the forgetting happen under tombstones.mu.
 func rememberReleased(store Store, key, row string) {
+	store = storeIdentity(store)
 	k := tombKey{store, key}
 	tombstones.mu.Lock()
 	defer tombstones.mu.Unlock()
@@ -84,7 +85,7 @@ func rememberReleased(store Store, key, row string) {
 func takeReleased(store Store, key string) (string, bool) {
 	tombstones.mu.Lock()
 	defer tombstones.mu.Unlock()
-	e := dropLocked(tombKey{store, key})
+	e := dropLocked(tombKey{storeIdentity(store), key})
 	if e == nil {
 		return "", false
 	}
@@ -95,7 +96,7 @@ func takeReleased(store Store, key string) (string, bool) {
 func forgetReleased(store Store, key string) {
 	tombstones.mu.Lock()
 	defer tombstones.mu.Unlock()
-	dropLocked(tombKey{store, key})
+	dropLocked(tombKey{storeIdentity(store), key})
 }
 
 // forgetStore forgets every released row remembered for store: the

@@ -258,8 +258,8 @@ var catalog = []mutation{
 	{
 		Name:   "self-unequal-store-accepted",
 		File:   "options.go",
-		Old:    "Comparable() || store != store {",
-		New:    "Comparable() {",
+		Old:    "return reflect.ValueOf(store).Comparable() && store == store",
+		New:    "return reflect.ValueOf(store).Comparable()",
 		Breaks: "A Store value holding a NaN float is accepted: it cannot key a map, so its Leases of one holder and fence each get a lineage of their own, and a Renewer's batch lookup misses and keeps the write tokens.",
 		Pkg:    ".", Tests: []string{"TestLineageRefusesAStoreValueThatCannotBeCompared"},
 	},
@@ -310,6 +310,14 @@ var catalog = []mutation{
 		New:    "if _, ok := l.store.(Batcher); ok && len(scopes) < 0 {",
 		Breaks: "A superseded driver's Lease.ClaimSlots writes over its successor's slot as the run's own; its release then deletes the slot while the successor trusts it, and a third run gets in past the limit.",
 		Pkg:    ".", Tests: []string{"TestLeaseClaimSlotsOfASupersededLeaseClaimsNothing"},
+	},
+	{
+		Name:   "lineage-ignores-unwrap",
+		File:   "lineage.go",
+		Old:    "k := lineageKey{store: storeIdentity(store), key",
+		New:    "k := lineageKey{store: store, key",
+		Breaks: "A store and a decorator that says it wraps it stamp apart: a run's successor claiming through the decorator stamps its predecessor's renewal in doubt, whose release then deletes the successor's slot.",
+		Pkg:    ".", Tests: []string{"TestSlotsOfOneRunThroughAWrapperAreStampedApart"},
 	},
 	{
 		Name:   "own-row-by-holder-and-fence",
