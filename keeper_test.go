@@ -386,3 +386,28 @@ func TestKeeperStopLeavesNoGoroutine(t *testing.T) {
 		// The bubble ends only once every goroutine in it has exited.
 	})
 }
+
+// TestKeeperStopsTrustingWhenTheExpiryClockJumpsAhead: the clock that
+// judges expiry jumps forward, so the row has less than the margin left
+// though the keeper's monotonic window is still open. A keeper judged at
+// that moment no longer trusts the lease: a contender reading the same
+// clock may take the run over before the monotonic window ends.
+func TestKeeperStopsTrustingWhenTheExpiryClockJumpsAhead(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newSQLite(t)
+	clk := testkit.NewClock(time.Now())
+	l, err := runlease.Acquire(ctx, s, "r", "A", runlease.WithTTL(10*time.Second), runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	k, err := runlease.Keep(ctx, l, runlease.KeepInterval(4*time.Second))
+	require.NoError(t, err)
+	defer k.Stop()
+	require.NoError(t, k.Err(), "trusted at first")
+	clk.Advance(9500 * time.Millisecond) // 0.5 s left by the expiry clock, less than the 1 s margin
+	require.ErrorIs(t, k.Err(), runlease.ErrTrustExpired)
+	select {
+	case <-k.Context().Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the work context outlived the keeper's trust")
+	}
+}

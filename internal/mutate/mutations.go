@@ -80,7 +80,7 @@ var (
 		"TestFencedWriteWhoseOutcomeIsUnknownAndLeaseTakenIsNotCalledUnwritten"}
 	keeperTests = []string{"TestKeeper", "TestKeeperFaults", "TestKeptSlots", "TestKeeperStopLeavesNoGoroutine",
 		"TestALossFoundByACallEndsTheKeepersBeforeItReturns", "TestReleaseStopsTheKeepersFirst",
-		"TestKeeperMarginCoversTheStoreClocksUncertainty"}
+		"TestKeeperMarginCoversTheStoreClocksUncertainty", "TestKeeperStopsTrustingWhenTheExpiryClockJumpsAhead"}
 	slotTests = []string{"TestSlots", "TestSlotFaultsAreNeverLosses", "TestKeptSlots", "TestSlotCapHoldsUnderRaces",
 		"TestALoweredLimitDrainsAndIsReported", "TestOccupancyListsLiveSlots", "TestAClaimOfUnknownOutcomeIsAFaultNotARefusal"}
 	lineageTests = []string{"TestLineageStaleLeaseWhoseReplyCameLateNeverTakesTheNewRow",
