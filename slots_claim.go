@@ -106,7 +106,6 @@ func (l *Lease) claimFenced(ctx context.Context, scopes []Scope, o options) (*Sl
 		}
 		conds, ops, held := s.claimWrites(scopes, plans)
 		err = l.update(ctx, kindWrite, &userBatch{conds: conds, ops: ops})
-		var se *StorageError
 		switch {
 		case err == nil:
 			s.held = held
@@ -115,9 +114,9 @@ func (l *Lease) claimFenced(ctx context.Context, scopes []Scope, o options) (*Sl
 			// Another claimant took a slot between the scan and the write.
 		case errors.Is(err, ErrConditionFailed):
 			return nil, &ConcurrencyLimitError{Scope: scopes[0].name, Limit: scopes[0].limit}
-		case errors.As(err, &se) && se.Retryable && !se.Unknown && ctx.Err() == nil:
-			if err := sleepCtx(ctx, jitter(time.Duration(min(try+1, 50))*time.Millisecond)); err != nil {
-				return nil, &StorageError{Op: "MetaBatch", Err: err}
+		case retryableFault(ctx, err):
+			if err := claimBackoff(ctx, try, "MetaBatch"); err != nil {
+				return nil, err
 			}
 		default:
 			return nil, err
@@ -208,14 +207,13 @@ func (s *Slots) claimSingle(ctx context.Context, sc Scope) error {
 			return err
 		}
 		err = s.claimOne(ctx, sc, cands)
-		var se *StorageError
 		var limit *ConcurrencyLimitError
 		switch {
 		case err == nil:
 			return nil
-		case errors.As(err, &se) && se.Retryable && !se.Unknown && ctx.Err() == nil:
-			if err := sleepCtx(ctx, jitter(time.Duration(min(try+1, 50))*time.Millisecond)); err != nil {
-				return &StorageError{Op: "MetaCAS", Err: err}
+		case retryableFault(ctx, err):
+			if err := claimBackoff(ctx, try, "MetaCAS"); err != nil {
+				return err
 			}
 		case errors.As(err, &limit) && try < claimBatchTries-1:
 			// Every candidate was taken between the scan and the writes.
@@ -223,6 +221,23 @@ func (s *Slots) claimSingle(ctx context.Context, sc Scope) error {
 			return err
 		}
 	}
+}
+
+// retryableFault reports whether err is a fault that changed nothing and
+// that a retry is expected to clear, with ctx still live: a claim then waits
+// (claimBackoff) and reads the scopes again.
+func retryableFault(ctx context.Context, err error) bool {
+	var se *StorageError
+	return errors.As(err, &se) && se.Retryable && !se.Unknown && ctx.Err() == nil
+}
+
+// claimBackoff waits before the claim's next try, or returns op's fault
+// when ctx ends first.
+func claimBackoff(ctx context.Context, try int, op string) error {
+	if err := sleepCtx(ctx, jitter(time.Duration(min(try+1, 50))*time.Millisecond)); err != nil {
+		return &StorageError{Op: op, Err: err}
+	}
+	return nil
 }
 
 // claimBatchTries bounds how often a batched claim that lost a race to
@@ -243,14 +258,13 @@ func (s *Slots) claimBatch(ctx context.Context, b Batcher, scopes []Scope) error
 		}
 		conds, ops, held := s.claimWrites(scopes, plans)
 		ok, err := batchResolved(ctx, b, s.store, conds, ops)
-		var se *StorageError
 		switch {
 		case ok:
 			s.held = held
 			return nil
-		case err != nil && errors.As(err, &se) && se.Retryable && !se.Unknown && ctx.Err() == nil:
-			if err := sleepCtx(ctx, jitter(time.Duration(min(try+1, 50))*time.Millisecond)); err != nil {
-				return &StorageError{Op: "MetaBatch", Err: err}
+		case retryableFault(ctx, err):
+			if err := claimBackoff(ctx, try, "MetaBatch"); err != nil {
+				return err
 			}
 		case err != nil:
 			return err
