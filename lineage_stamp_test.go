@@ -47,10 +47,27 @@ func healthyRenew(t *testing.T, l *runlease.Lease, clk *testkit.Clock) error {
 func TestLineageStaleLeaseWhoseReplyCameLateNeverTakesTheNewRow(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
-	opts := []runlease.Option{runlease.WithClock(clk.Now), runlease.WithTTL(runlease.MinTTL)}
+	f, _, x, l := staleReplyAfterPrune(t)
+	require.Equal(t, uint64(1), x.Fence())
+	require.Equal(t, uint64(1), l.Fence())
+	lRow := get(t, f, "runlease:r1")
 
-	var l *runlease.Lease
+	// X's renewal, in the millisecond of L's row, is not applied; its reply is lost.
+	f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS")})
+	errX := x.Renew(ctx)
+	require.Equal(t, lRow, get(t, f, "runlease:r1"), "X's renewal wrote nothing: the row is L's")
+	require.Error(t, errX, "X's renewal did not land, yet Renew reported it landed: X took L's row %s for its own", lRow)
+}
+
+// staleReplyAfterPrune plays the schedule of the two tests above and below
+// up to X's return: X (holder A) creates r1, its reply delayed past the
+// TTL; the row is pruned and L (holder A too) creates r1 again, at fence 1,
+// before X's reply arrives.
+func staleReplyAfterPrune(t *testing.T) (f *testkit.Faulty, clk *testkit.Clock, x, l *runlease.Lease) {
+	t.Helper()
+	ctx := t.Context()
+	f, clk = &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithClock(clk.Now), runlease.WithTTL(runlease.MinTTL)}
 	f.Next(testkit.Fault{Apply: true, Then: func() {
 		// X's create landed; its reply is delayed past the TTL.
 		clk.Advance(runlease.MinTTL + time.Second)
@@ -63,15 +80,7 @@ func TestLineageStaleLeaseWhoseReplyCameLateNeverTakesTheNewRow(t *testing.T) {
 	x, err := runlease.Acquire(ctx, f, "r1", "A", opts...)
 	require.NoError(t, err)
 	require.NotNil(t, l)
-	require.Equal(t, uint64(1), x.Fence())
-	require.Equal(t, uint64(1), l.Fence())
-	lRow := get(t, f, "runlease:r1")
-
-	// X's renewal, in the millisecond of L's row, is not applied; its reply is lost.
-	f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS")})
-	errX := x.Renew(ctx)
-	require.Equal(t, lRow, get(t, f, "runlease:r1"), "X's renewal wrote nothing: the row is L's")
-	require.Error(t, errX, "X's renewal did not land, yet Renew reported it landed: X took L's row %s for its own", lRow)
+	return f, clk, x, l
 }
 
 // TestLineageStaleLeaseWhoseReplyCameLateNeverWritesOverTheHolder: the
@@ -80,18 +89,7 @@ func TestLineageStaleLeaseWhoseReplyCameLateNeverTakesTheNewRow(t *testing.T) {
 func TestLineageStaleLeaseWhoseReplyCameLateNeverWritesOverTheHolder(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
-	opts := []runlease.Option{runlease.WithClock(clk.Now), runlease.WithTTL(runlease.MinTTL)}
-	var l *runlease.Lease
-	f.Next(testkit.Fault{Apply: true, Then: func() {
-		clk.Advance(runlease.MinTTL + time.Second)
-		_, err := runlease.Prune(ctx, f, 0, runlease.WithClock(clk.Now))
-		require.NoError(t, err)
-		l, err = runlease.Acquire(ctx, f, "r1", "A", opts...)
-		require.NoError(t, err)
-	}})
-	x, err := runlease.Acquire(ctx, f, "r1", "A", opts...)
-	require.NoError(t, err)
+	f, clk, x, l := staleReplyAfterPrune(t)
 	require.NoError(t, l.Write(ctx, runlease.Put("ckpt:r1", "L")), "L, the new holder, checkpoints")
 	// L's Write stamped its row 1 ms past its acquisition's (the stamps of a
 	// Lease only grow): X renews 1 ms later, so it sends L's latest row.
