@@ -24,6 +24,7 @@ import (
 //	RUN-E023  slot lost: a held slot was taken by another run
 //	RUN-E024  keeper stopped: a Keeper was stopped, not lost (see [ErrKeeperStopped])
 //	RUN-E025  condition failed: a fenced write's condition on the caller's keys did not hold; nothing was written
+//	RUN-E026  already queued: another call waits in the queue for the same run's slots
 const (
 	CodeInvalidArgument  = "RUN-E001"
 	CodeCorruptRow       = "RUN-E002"
@@ -36,6 +37,7 @@ const (
 	CodeConcurrencyLimit = "RUN-E022"
 	CodeSlotLost         = "RUN-E023"
 	CodeConditionFailed  = "RUN-E025"
+	CodeAlreadyQueued    = "RUN-E026"
 )
 
 // Sentinel errors, one per code. Every error returned by this package matches
@@ -53,6 +55,7 @@ var (
 	ErrConcurrencyLimit error = &codedError{CodeConcurrencyLimit, "concurrency limit reached"}
 	ErrSlotLost         error = &codedError{CodeSlotLost, "slot lost"}
 	ErrConditionFailed  error = &codedError{CodeConditionFailed, "condition failed: a condition of the fenced write did not hold; nothing was written and the lease was not renewed"}
+	ErrAlreadyQueued    error = &codedError{CodeAlreadyQueued, "already queued: another call waits for the run's slots"}
 
 	// ErrOutcomeUnknown matches a [StorageError] whose write may or may not
 	// have been applied (a timeout or a reset after the request was sent).
@@ -247,10 +250,29 @@ func (e *LeaseLostError) Unwrap() error { return e.Err }
 type ConcurrencyLimitError struct {
 	Scope string // the scope's name, such as "mem" or "principal:alice"
 	Limit int
+	Units int // the units the claim asked of the scope
+	Held  int // units other runs held, when read
+	// Ahead is how many live waiters of the scope's queue rank ahead of the
+	// claim, and Reserved the units they wait for. When Held+Units fits the
+	// limit, the claim was refused for their sake only: the run would have
+	// to queue ([ClaimSlotsWait]) to be admitted after them.
+	Ahead    int
+	Reserved int
 }
 
 func (e *ConcurrencyLimitError) Error() string {
-	return fmt.Sprintf("%s: concurrency limit reached in scope %q (limit %d)", CodeConcurrencyLimit, e.Scope, e.Limit)
+	msg := fmt.Sprintf("%s: concurrency limit reached in scope %q (limit %d", CodeConcurrencyLimit, e.Scope, e.Limit)
+	if e.Units > 0 {
+		msg += fmt.Sprintf(", %d held, %d asked", e.Held, e.Units)
+	}
+	if e.Ahead > 0 {
+		msg += fmt.Sprintf(", %d waiting ahead for %d", e.Ahead, e.Reserved)
+	}
+	msg += ")"
+	if e.Ahead > 0 && e.Held+e.Units <= e.Limit {
+		msg += ": live waiters rank ahead; the run would have to queue"
+	}
+	return msg
 }
 
 // Code returns [CodeConcurrencyLimit].
@@ -282,3 +304,20 @@ func (e *SlotLostError) Code() string { return CodeSlotLost }
 func (e *SlotLostError) Is(target error) bool {
 	return target == ErrSlotLost || (target != nil && target == e.Cause)
 }
+
+// AlreadyQueuedError reports that another call of [ClaimSlotsWait] (or a
+// driver of the run with the same or a newer fence) waits in a scope's
+// queue for the same run: a run waits once. It matches [ErrAlreadyQueued].
+// Its entry expires after its TTL when that call's process is gone.
+type AlreadyQueuedError struct {
+	RunID string
+	Scope string
+}
+
+func (e *AlreadyQueuedError) Error() string {
+	return fmt.Sprintf("%s: run %q already waits in the queue of scope %q", CodeAlreadyQueued, e.RunID, e.Scope)
+}
+
+// Code returns [CodeAlreadyQueued].
+func (e *AlreadyQueuedError) Code() string         { return CodeAlreadyQueued }
+func (e *AlreadyQueuedError) Is(target error) bool { return target == ErrAlreadyQueued }

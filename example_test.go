@@ -102,9 +102,9 @@ func ExampleClaimSlots() {
 	// Output:
 	// run-1 holds mem slot 0
 	// run-1 holds principal:alice slot 0
-	// run-2: RUN-E022: concurrency limit reached in scope "principal:alice" (limit 1)
+	// run-2: RUN-E022: concurrency limit reached in scope "principal:alice" (limit 1, 1 held, 1 asked)
 	// run-3: <nil>
-	// run-4: RUN-E022: concurrency limit reached in scope "mem" (limit 2)
+	// run-4: RUN-E022: concurrency limit reached in scope "mem" (limit 2, 2 held, 1 asked)
 	// run-4, after run-1 ended: <nil>
 }
 

@@ -28,6 +28,18 @@ type Hooks struct {
 	// or above its own limit for a scope: hosts disagree on the limit, or
 	// it was lowered. Nothing is evicted; the scope drains as runs end.
 	LimitMismatch func(LimitMismatchEvent)
+	// SlotsRequeued is called when a waiter of ClaimSlotsWait loses its
+	// place in the queues (it stalled past its TTL, or its entries were
+	// removed) and queues again at the back.
+	SlotsRequeued func(RequeueEvent)
+}
+
+// RequeueEvent describes a waiter that lost its place in the queues.
+type RequeueEvent struct {
+	RunID  string
+	Scopes []string
+	Waited time.Duration // how long it had held the place it lost
+	Reason string
 }
 
 // LimitMismatchEvent describes a scope whose live slots disagree with the

@@ -53,13 +53,17 @@ const (
 	optSlots
 	optHooks
 	optLogger
+	optPriority
+	optFairShare
 )
 
 // Which calls take which options.
 const (
 	optsAcquire = optTTL | optClock | optHooks | optLogger
 	optsWait    = optsAcquire | optPoll
-	optsClaim   = optTTL | optClock | optHooks | optLogger
+	optsRank    = optPriority | optFairShare
+	optsClaim   = optTTL | optClock | optHooks | optLogger | optsRank
+	optsQueue   = optsClaim | optPoll
 	optsKeep    = optInterval | optMargin | optSlots | optHooks | optLogger
 	optsRead    = optClock
 )
@@ -71,6 +75,7 @@ var optionNames = []struct {
 	{optTTL, "WithTTL"}, {optClock, "WithClock"}, {optPoll, "WithWaitPoll"},
 	{optInterval, "KeepInterval"}, {optMargin, "KeepMargin"}, {optSlots, "KeepSlots"},
 	{optHooks, "WithHooks"}, {optLogger, "WithLogger"},
+	{optPriority, "WithPriority"}, {optFairShare, "WithFairShare"},
 }
 
 type options struct {
@@ -81,7 +86,12 @@ type options struct {
 	// uncertainty is how far now may be from the store's clock.
 	uncertainty time.Duration
 
-	poll time.Duration // read by AcquireWait only
+	poll time.Duration // read by AcquireWait and ClaimSlotsWait only
+
+	// Read by claims of slots: where they rank in a scope's queue.
+	priority  int
+	principal string
+	weight    int
 
 	// Read by Keep only.
 	interval, margin time.Duration
@@ -149,6 +159,9 @@ func buildOptions(store Store, opts []Option, allowed optionSet, fn string) (opt
 	}
 	if o.ttl < MinTTL || o.ttl > MaxTTL {
 		return o, invalidArg("ttl", "%v is outside [%v, %v]", o.ttl, MinTTL, MaxTTL)
+	}
+	if err := o.checkRank(); err != nil {
+		return o, err
 	}
 	if o.uncertainty < 0 {
 		return o, invalidArg("clock", "nil")

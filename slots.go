@@ -21,6 +21,8 @@ const MaxSlotLimit = 100_000
 type Scope struct {
 	name  string
 	limit int
+	units int          // asked of the scope by a claim, when taken
+	taken bool         // Take was called
 	check func() error // validates the name part the caller gave
 }
 
@@ -49,8 +51,27 @@ func PrincipalScope(principal string, limit int) Scope {
 // Name returns the scope's name, such as "mem" or "principal:alice".
 func (s Scope) Name() string { return s.name }
 
-// Limit returns the most runs that may hold a slot of the scope at once.
+// Limit returns the most units (slots) the scope's runs may hold at once.
 func (s Scope) Limit() int { return s.limit }
+
+// Take returns the scope with a claim of units slots rather than one: a run
+// that needs 2 of 8 GPUs claims NamedScope("gpu", 8).Take(2). The claim is
+// all or nothing, and costs the same round trips whatever units is: every
+// slot is written in one batch. Units run from 1 to [MaxUnits] and at most
+// the limit; others make the claim fail with [ErrInvalidArgument].
+func (s Scope) Take(units int) Scope {
+	s.units, s.taken = units, true
+	return s
+}
+
+// Units returns how many slots a claim asks of the scope: 1 unless [Scope.Take]
+// said otherwise.
+func (s Scope) Units() int {
+	if s.taken {
+		return s.units
+	}
+	return 1
+}
 
 func (s Scope) validate() error {
 	if s.check == nil {
@@ -61,6 +82,9 @@ func (s Scope) validate() error {
 	}
 	if s.limit < 1 || s.limit > MaxSlotLimit {
 		return invalidArg("limit", "scope %q: limit %d is outside [1, %d]", s.name, s.limit, MaxSlotLimit)
+	}
+	if s.taken && (s.units < 1 || s.units > MaxUnits || s.units > s.limit) {
+		return invalidArg("units", "scope %q: %d units is outside [1, min(limit %d, %d)]", s.name, s.units, s.limit, MaxUnits)
 	}
 	if len(s.prefix())+len(strconv.Itoa(s.limit)) > MaxKeyLen {
 		return invalidArg("scope", "scope %q makes keys longer than %d bytes", s.name, MaxKeyLen)
@@ -405,7 +429,7 @@ func (s *Slots) releaseOne(ctx context.Context, h *heldSlot) error {
 	seen := h.seen
 	s.mu.Unlock()
 	for adopted := 0; ; adopted++ {
-		ok, err := s.store.MetaDelete(ctx, h.key, seen)
+		ok, err := s.deleteWaking(ctx, h, seen)
 		if err != nil && !IsOutcomeUnknown(err) {
 			return err
 		}
@@ -428,6 +452,15 @@ func (s *Slots) releaseOne(ctx context.Context, h *heldSlot) error {
 		}
 		seen = cur
 	}
+}
+
+// deleteWaking deletes h's row if it holds seen, waking the waiters of its
+// scope's queue when the store can: a released slot may admit one of them.
+func (s *Slots) deleteWaking(ctx context.Context, h *heldSlot, seen string) (bool, error) {
+	if n, ok := s.store.(DeleteNotifier); ok {
+		return n.MetaDeleteNotify(ctx, h.key, seen, queueBell(h.scope))
+	}
+	return s.store.MetaDelete(ctx, h.key, seen)
 }
 
 // parseSlotKey splits a slot row's key into scope and number. The number is

@@ -3,6 +3,7 @@ package runlease
 import (
 	"context"
 	"errors"
+	"math"
 	"strconv"
 	"time"
 )
@@ -63,7 +64,15 @@ func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, 
 //		// every slot is held: release the lease, or wait and try again
 //	}
 //	keeper, err := runlease.Keep(ctx, lease, runlease.KeepSlots(slots))
-func (l *Lease) ClaimSlots(ctx context.Context, scopes []Scope) (*Slots, error) {
+//
+// It takes [WithPriority] and [WithFairShare], which say where the claim
+// ranks among the scopes' waiters ([ClaimSlotsWait]): it is refused while
+// waiters ranked ahead of it would not fit beside it.
+func (l *Lease) ClaimSlots(ctx context.Context, scopes []Scope, opts ...Option) (*Slots, error) {
+	o, err := l.claimOptions(opts, optsRank, "Lease.ClaimSlots")
+	if err != nil {
+		return nil, err
+	}
 	l.mu.Lock()
 	lost, releasing := l.lost, l.releasing
 	l.mu.Unlock()
@@ -73,12 +82,34 @@ func (l *Lease) ClaimSlots(ctx context.Context, scopes []Scope) (*Slots, error) 
 	case releasing:
 		return nil, l.errReleasing()
 	}
-	o := l.o
-	o.set &= optsClaim
 	if _, ok := l.store.(Batcher); ok && len(scopes) > 0 {
 		return l.claimFenced(ctx, scopes, o)
 	}
 	return claimSlots(ctx, l.store, l.runID, scopes, o)
+}
+
+// claimOptions is the lease's options for a claim of slots, with those of
+// opts that fn takes (allowed) in place of the lease's own.
+func (l *Lease) claimOptions(opts []Option, allowed optionSet, fn string) (options, error) {
+	var given options
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&given)
+		}
+	}
+	if err := given.refuseOutside(allowed, fn); err != nil {
+		return options{}, err
+	}
+	o := l.o
+	o.set = o.set&(optsClaim&^optsRank) | given.set
+	o.priority, o.principal, o.weight = given.priority, given.principal, given.weight
+	if given.set&optPoll != 0 {
+		o.poll = given.poll
+	}
+	if err := o.checkRank(); err != nil {
+		return options{}, err
+	}
+	return o, nil
 }
 
 // claimFenced claims the slots in one atomic batch with a renewal of the
@@ -95,12 +126,12 @@ func (l *Lease) claimFenced(ctx context.Context, scopes []Scope, o options) (*Sl
 	if err := checkScopes(scopes); err != nil {
 		return nil, err
 	}
-	if len(scopes) >= MaxBatch {
-		return nil, invalidArg("scopes", "%d scopes; a claim through a lease takes at most %d (its batch also writes the lease row)", len(scopes), MaxBatch-1)
+	if n := claimUnits(scopes); n >= MaxBatch {
+		return nil, invalidArg("scopes", "%d units; a claim through a lease takes at most %d (its batch also writes the lease row)", n, MaxBatch-1)
 	}
 	s := newSlots(l.store, l.runID, o)
 	for try := 0; ; try++ {
-		plans, err := s.planAll(ctx, scopes)
+		plans, err := s.planAll(ctx, scopes, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -124,8 +155,12 @@ func (l *Lease) claimFenced(ctx context.Context, scopes []Scope, o options) (*Sl
 	}
 }
 
-// checkScopes refuses scopes that are invalid or listed twice.
+// checkScopes refuses scopes that are invalid or listed twice, and claims
+// of more units than one batch writes.
 func checkScopes(scopes []Scope) error {
+	if n := claimUnits(scopes); n > MaxBatch {
+		return invalidArg("scopes", "%d units in all; a claim takes at most %d", n, MaxBatch)
+	}
 	seen := map[string]bool{}
 	for _, sc := range scopes {
 		if err := sc.validate(); err != nil {
@@ -145,7 +180,7 @@ func claimSlots(ctx context.Context, store Store, runID string, scopes []Scope, 
 		return nil, err
 	}
 	s := newSlots(store, runID, o)
-	if len(scopes) == 1 {
+	if len(scopes) == 1 && scopes[0].Units() == 1 {
 		if err := s.claimSingle(ctx, scopes[0]); err != nil {
 			return nil, err
 		}
@@ -159,24 +194,27 @@ func claimSlots(ctx context.Context, store Store, runID string, scopes []Scope, 
 	}
 	// Read every scope before writing anything, so that a scope at its
 	// limit refuses the claim without a single write.
-	plans, err := s.planAll(ctx, scopes)
+	plans, err := s.planAll(ctx, scopes, nil)
 	if err != nil {
 		return nil, err
 	}
 	for i, sc := range scopes {
-		if err := s.claimOne(ctx, sc, plans[i]); err != nil {
-			return nil, errors.Join(err, s.rollback(ctx))
+		for range sc.Units() {
+			if err := s.claimOne(ctx, sc, plans[i]); err != nil {
+				return nil, errors.Join(err, s.rollback(ctx))
+			}
 		}
 	}
 	return s, nil
 }
 
-// planAll plans a claim in every scope.
-func (s *Slots) planAll(ctx context.Context, scopes []Scope) ([][]slotCandidate, error) {
+// planAll plans a claim in every scope, ranked at me in their queues (nil:
+// a claim that does not wait).
+func (s *Slots) planAll(ctx context.Context, scopes []Scope, me *queueEntry) ([][]slotCandidate, error) {
 	plans := make([][]slotCandidate, len(scopes))
 	for i, sc := range scopes {
 		var err error
-		if plans[i], err = s.plan(ctx, sc); err != nil {
+		if plans[i], err = s.plan(ctx, sc, me); err != nil {
 			return nil, err
 		}
 	}
@@ -202,7 +240,7 @@ func (s *Slots) claimRow(key string, floorMS int64) (string, int64, *lineage) {
 // until ctx ends.
 func (s *Slots) claimSingle(ctx context.Context, sc Scope) error {
 	for try := 0; ; try++ {
-		cands, err := s.plan(ctx, sc)
+		cands, err := s.plan(ctx, sc, nil)
 		if err != nil {
 			return err
 		}
@@ -252,7 +290,7 @@ const claimBatchTries = 8
 // works, a claim is won or refused.
 func (s *Slots) claimBatch(ctx context.Context, b Batcher, scopes []Scope) error {
 	for try := 0; ; try++ {
-		plans, err := s.planAll(ctx, scopes)
+		plans, err := s.planAll(ctx, scopes, nil)
 		if err != nil {
 			return err
 		}
@@ -275,21 +313,33 @@ func (s *Slots) claimBatch(ctx context.Context, b Batcher, scopes []Scope) error
 }
 
 // claimWrites returns the conditions and puts of a batch that claims the
-// first candidate slot of every scope, and the slots it would hold.
+// first candidate slots of every scope, as many as the scope's units, and
+// the slots it would hold.
 func (s *Slots) claimWrites(scopes []Scope, plans [][]slotCandidate) ([]Cond, []Op, []*heldSlot) {
-	conds := make([]Cond, len(scopes))
-	ops := make([]Op, len(scopes))
-	held := make([]*heldSlot, len(scopes))
+	n := claimUnits(scopes)
+	conds := make([]Cond, 0, n)
+	ops := make([]Op, 0, n)
+	held := make([]*heldSlot, 0, n)
 	start := time.Now()
 	for i, sc := range scopes {
-		c := plans[i][0]
-		key := sc.prefix() + strconv.Itoa(c.slot)
-		row, untilMS, lin := s.claimRow(key, c.floorMS)
-		conds[i], ops[i] = Cond{Key: key, Value: c.expected}, Put(key, row)
-		held[i] = &heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row,
-			untilMS: untilMS, sentMS: untilMS, lin: lin, trustFrom: start, prev: c.expected}
+		for _, c := range plans[i][:sc.Units()] {
+			key := sc.prefix() + strconv.Itoa(c.slot)
+			row, untilMS, lin := s.claimRow(key, c.floorMS)
+			conds, ops = append(conds, Cond{Key: key, Value: c.expected}), append(ops, Put(key, row))
+			held = append(held, &heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row,
+				untilMS: untilMS, sentMS: untilMS, lin: lin, trustFrom: start, prev: c.expected})
+		}
 	}
 	return conds, ops, held
+}
+
+// claimUnits is how many slot rows a claim of scopes writes.
+func claimUnits(scopes []Scope) int {
+	n := 0
+	for _, sc := range scopes {
+		n += sc.Units()
+	}
+	return n
 }
 
 // slotCandidate is a slot that a scan found free (or ours), and the row to
@@ -300,23 +350,40 @@ type slotCandidate struct {
 	floorMS  int64 // the until_ms of the run's own row: a claim never shortens it
 }
 
-// plan scans one scope and returns the slots to try in order: this run's own
-// slot first, then free ones from slot 0 up. It fails when the scope's live
-// holders already reach its limit, counting slots numbered at or above the
-// limit (left by a host with a higher limit) so a lowered limit drains.
-func (s *Slots) plan(ctx context.Context, sc Scope) ([]slotCandidate, error) {
-	rows, err := s.store.MetaScan(ctx, sc.prefix())
+// takenSlot is a slot row a scan found: the raw row, and whether it is live.
+type takenSlot struct {
+	raw  *string
+	live bool
+}
+
+// scopeState is what one read of a scope found: its slot rows and its queue.
+type scopeState struct {
+	nowMS   int64
+	taken   map[int]takenSlot // each row decoded once
+	own     []slotCandidate   // the run's own live slots below the limit
+	used    int               // live slot rows of other runs, and own ones at or above the limit
+	above   int               // live slot rows numbered at or above the limit
+	holders map[string]int    // live slot rows per run
+	infos   []SlotInfo        // the live slot rows, for explanations
+	queue   []queuedRow       // the live queue entries, ranked
+	// entryRows holds every queue row and fair-share mark of the scope,
+	// live or not, by key.
+	entryRows map[string]string
+	marks     map[string]int64 // live fair-share finishes by principal
+	nextMS    int64            // the earliest expiry of a live slot row or entry (0: none)
+}
+
+// readScope scans one scope's slots and queue. A row that does not parse
+// fails the read with a [*CorruptRowError]; nothing is ever written over it.
+func readScope(ctx context.Context, store Store, sc Scope, runID string, o options) (*scopeState, error) {
+	all, err := scanMany(ctx, store, sc.prefix(), queueScopePrefix(sc.name), fairScopePrefix(sc.name))
 	if err != nil {
 		return nil, err
 	}
-	now := s.o.nowMS()
-	type takenSlot struct {
-		raw  *string
-		live bool
-	}
-	taken := make(map[int]takenSlot, len(rows)) // each row decoded once
-	var own []slotCandidate
-	live, above := 0, 0
+	rows, qrows, mrows := all[0], all[1], all[2]
+	now := o.nowMS()
+	st := &scopeState{nowMS: now, taken: make(map[int]takenSlot, len(rows)), holders: map[string]int{},
+		entryRows: make(map[string]string, len(qrows))}
 	for i := range rows {
 		r := &rows[i]
 		scope, slot, ok := parseSlotKey(r.Key)
@@ -327,35 +394,88 @@ func (s *Slots) plan(ctx context.Context, sc Scope) ([]slotCandidate, error) {
 		if err != nil {
 			return nil, corruptRow(r.Key, r.Value, err)
 		}
-		taken[slot] = takenSlot{&r.Value, row.live(now)}
+		live := row.live(now)
+		st.taken[slot] = takenSlot{&r.Value, live}
+		if !live {
+			continue
+		}
+		st.holders[row.Holder]++
+		st.infos = append(st.infos, SlotInfo{Scope: sc.name, Slot: slot, RunID: row.Holder, Until: row.until(), Key: r.Key})
+		if st.nextMS == 0 || row.UntilMS < st.nextMS {
+			st.nextMS = row.UntilMS
+		}
 		// The run's own row counts as held only while live: an expired one
 		// is a free slot like any other, or the limit would not hold.
-		if row.Holder == s.runID && slot < sc.limit && row.live(now) {
-			own = append(own, slotCandidate{slot, &r.Value, row.UntilMS})
-		} else if row.live(now) {
-			live++
-			if slot >= sc.limit {
-				above++
-			}
+		if row.Holder == runID && slot < sc.limit {
+			st.own = append(st.own, slotCandidate{slot, &r.Value, row.UntilMS})
+			continue
+		}
+		st.used++
+		if slot >= sc.limit {
+			st.above++
 		}
 	}
-	if above > 0 {
-		s.reportLimitMismatch(sc, live, above)
+	var next int64
+	if st.queue, next, err = scanQueue(qrows, sc.name, now, st.entryRows); err != nil {
+		return nil, err
 	}
-	if len(own) == 0 && live >= sc.limit {
-		return nil, &ConcurrencyLimitError{Scope: sc.name, Limit: sc.limit}
+	if next != 0 && (st.nextMS == 0 || next < st.nextMS) {
+		st.nextMS = next
 	}
-	out := own[:min(len(own), 1)]
-	for k := 0; k < sc.limit && len(out) < sc.limit-live; k++ {
-		t, ok := taken[k]
+	if st.marks, err = scanMarks(mrows, sc.name, now, st.entryRows); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// claimRank is where a claim that does not wait ranks in a scope's queue:
+// where its entry would go if it queued, behind every waiter it ties with.
+func (s *Slots) claimRank(sc Scope, st *scopeState) *queueEntry {
+	return &queueEntry{Run: s.runID, Principal: s.o.principal, Weight: s.o.weightOr1(),
+		Priority: s.o.priority, Units: sc.Units(), EnqMS: math.MaxInt64,
+		Tag: rankOf([][]queuedRow{st.queue}, []map[string]int64{st.marks}, s.runID, s.o.principal, s.o.priority)}
+}
+
+// plan reads one scope and returns the slots to try in order: this run's
+// own live slots first, then free ones from slot 0 up. It fails when the
+// units the claim asks for, added to those other runs hold and those that
+// live waiters ranked ahead of me reserve, exceed the limit; me is nil
+// for a claim that does not wait, ranked by claimRank. Slots numbered at or
+// above the limit (left by a host with a higher limit) count as held, so a
+// lowered limit drains.
+func (s *Slots) plan(ctx context.Context, sc Scope, me *queueEntry) ([]slotCandidate, error) {
+	st, err := readScope(ctx, s.store, sc, s.runID, s.o)
+	if err != nil {
+		return nil, err
+	}
+	return s.planFrom(sc, st, me)
+}
+
+// planFrom is plan on a scope already read.
+func (s *Slots) planFrom(sc Scope, st *scopeState, me *queueEntry) ([]slotCandidate, error) {
+	if st.above > 0 {
+		s.reportLimitMismatch(sc, st.used, st.above)
+	}
+	if me == nil {
+		me = s.claimRank(sc, st)
+	}
+	units := sc.Units()
+	v := judge(st.used, st.holders, st.queue, me)
+	if !v.admits(units, sc.limit) {
+		return nil, &ConcurrencyLimitError{Scope: sc.name, Limit: sc.limit, Held: st.used, Ahead: len(v.ahead),
+			Reserved: v.reserved, Units: units}
+	}
+	out := st.own[:min(len(st.own), units):min(len(st.own), units)]
+	for k := 0; k < sc.limit && len(out) < sc.limit-st.used; k++ {
+		t, ok := st.taken[k]
 		if !ok {
 			out = append(out, slotCandidate{slot: k})
 		} else if !t.live {
 			out = append(out, slotCandidate{slot: k, expected: t.raw})
 		}
 	}
-	if len(out) == 0 {
-		return nil, &ConcurrencyLimitError{Scope: sc.name, Limit: sc.limit}
+	if len(out) < units {
+		return nil, &ConcurrencyLimitError{Scope: sc.name, Limit: sc.limit, Held: st.used, Units: units}
 	}
 	return out, nil
 }
@@ -378,6 +498,9 @@ func (s *Slots) reportLimitMismatch(sc Scope, live, above int) {
 func (s *Slots) claimOne(ctx context.Context, sc Scope, cands []slotCandidate) error {
 	for _, c := range cands {
 		key := sc.prefix() + strconv.Itoa(c.slot)
+		if s.holds(key) {
+			continue // won by an earlier unit of this claim
+		}
 		start := time.Now()
 		row, untilMS, lin := s.claimRow(key, c.floorMS)
 		ok, err := casResolved(ctx, s.store, key, c.expected, row)
@@ -392,6 +515,16 @@ func (s *Slots) claimOne(ctx context.Context, sc Scope, cands []slotCandidate) e
 		// Another claimant took this slot between the scan and the write.
 	}
 	return &ConcurrencyLimitError{Scope: sc.name, Limit: sc.limit}
+}
+
+// holds reports whether the claim in progress already wrote key.
+func (s *Slots) holds(key string) bool {
+	for _, h := range s.held {
+		if h.key == key {
+			return true
+		}
+	}
+	return false
 }
 
 // rollback puts the slots written by an unfinished claim back as they were.

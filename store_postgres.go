@@ -137,6 +137,7 @@ type pgQueries struct {
 	batchHold, batchApply                    string
 	batchFenced, batchFencedOne              string
 	insertNotify, updateNotify               string
+	deleteNotify                             string
 	markPut, markDelete, markExpired         string
 	casMany                                  string
 }
@@ -228,6 +229,7 @@ func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned 
 	s.q.insertNotify = fmt.Sprintf(pgInsertNotify, t)
 	s.q.updateNotify = fmt.Sprintf(pgUpdateNotify, t)
 	formatMarks(&s.q, t)
+	formatDeleteNotify(&s.q, t)
 	resolved, err := s.prepareTable(ctx, op, t, o.create)
 	if err != nil {
 		return nil, err

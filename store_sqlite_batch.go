@@ -99,6 +99,20 @@ func (s *SQLiteStore) MetaCASNotify(ctx context.Context, key string, expected *s
 	return ok, err
 }
 
+// MetaDeleteNotify implements [DeleteNotifier] within this process:
+// MetaDelete that wakes the subscribers of wakeKey when it deletes (or may
+// have: a wake-up is a hint, and a needless one costs a read).
+func (s *SQLiteStore) MetaDeleteNotify(ctx context.Context, key, expected, wakeKey string) (bool, error) {
+	if err := CheckKey(wakeKey); err != nil {
+		return false, err
+	}
+	ok, err := s.MetaDelete(ctx, key, expected)
+	if ok || IsOutcomeUnknown(err) {
+		s.subs.wake(wakeKey, "")
+	}
+	return ok, err
+}
+
 // Subscribe implements [Notifier]. Only writes through this store wake its
 // subscribers, which is every write: one process owns the file.
 func (s *SQLiteStore) Subscribe(key string) (<-chan struct{}, func()) {

@@ -342,6 +342,25 @@ func (c *CountingBatcher) MetaBatch(ctx context.Context, conds []runlease.Cond, 
 	return c.Store.(runlease.Batcher).MetaBatch(ctx, conds, ops)
 }
 
+// MetaScanMany passes many-scan calls through, counted as one scan: one
+// round trip. A wrapped store that is no runlease.MultiScanner scans one
+// prefix after another.
+func (c *CountingBatcher) MetaScanMany(ctx context.Context, prefixes []string) ([][]runlease.Row, error) {
+	c.Scans.Add(1)
+	if m, ok := c.Store.(runlease.MultiScanner); ok {
+		return m.MetaScanMany(ctx, prefixes)
+	}
+	out := make([][]runlease.Row, len(prefixes))
+	for i, p := range prefixes {
+		rows, err := c.Store.MetaScan(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = rows
+	}
+	return out, nil
+}
+
 // MetaCASMany passes many-write calls through to a wrapped
 // runlease.MultiCASer, counting calls and writes.
 func (c *CountingBatcher) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]bool, error) {

@@ -1,0 +1,529 @@
+package runlease_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
+)
+
+// queueRows returns the rows of every queue.
+func queueRows(t *testing.T, s runlease.Store) []runlease.Row {
+	t.Helper()
+	r, err := s.MetaScan(context.Background(), runlease.QueuePrefix)
+	require.NoError(t, err)
+	return r
+}
+
+// awaitQueued waits until the queues hold n rows in all.
+func awaitQueued(t *testing.T, s runlease.Store, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(queueRows(t, s)) == n }, 20*time.Second, time.Millisecond,
+		"the queues never held %d rows", n)
+}
+
+// admissions records the order in which waiters were admitted.
+type admissions struct {
+	mu    sync.Mutex
+	order []string
+}
+
+func (a *admissions) add(run string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.order = append(a.order, run)
+}
+
+func (a *admissions) get() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.order...)
+}
+
+// waitAndRelease starts a waiter that, once admitted, records its run and
+// releases its slots at once, so that the next waiter can be admitted.
+func waitAndRelease(t *testing.T, wg *sync.WaitGroup, s runlease.Store, run string, scopes []runlease.Scope, got *admissions, opts ...runlease.Option) {
+	wg.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		sl, err := runlease.ClaimSlotsWait(ctx, s, run, scopes, opts...)
+		if !assert.NoError(t, err, run) {
+			return
+		}
+		got.add(run)
+		assert.NoError(t, sl.Release(ctx))
+	})
+}
+
+func TestClaimSlotsWaitIsWokenByARelease(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		ctx := t.Context()
+		scopes := []runlease.Scope{runlease.MemScope(1)}
+		held, err := runlease.ClaimSlots(ctx, s, "holder", scopes)
+		require.NoError(t, err)
+
+		// A poll of an hour: only the release's wake-up can admit it in
+		// the test's lifetime.
+		done := make(chan error, 1)
+		go func() {
+			sl, err := runlease.ClaimSlotsWait(ctx, s, "waiter", scopes, runlease.WithWaitPoll(time.Hour))
+			if err == nil {
+				assert.Equal(t, "waiter", sl.Held()[0].RunID)
+			}
+			done <- err
+		}()
+		awaitQueued(t, s, 1)
+		var entry map[string]any
+		require.NoError(t, json.Unmarshal([]byte(queueRows(t, s)[0].Value), &entry))
+		assert.Equal(t, "waiter", entry["run"])
+		assert.Equal(t, "runqueue:3:mem:waiter", queueRows(t, s)[0].Key)
+
+		require.NoError(t, held.Release(ctx))
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(20 * time.Second):
+			t.Fatal("the waiter was not woken by the release")
+		}
+		assert.Empty(t, queueRows(t, s), "an admitted waiter leaves the queue")
+		occ, err := runlease.Occupancy(ctx, s)
+		require.NoError(t, err)
+		require.Len(t, occ, 1)
+		assert.Equal(t, "waiter", occ[0].RunID)
+	})
+}
+
+func TestClaimSlotsWaitReturnsTheContextsErrorAndLeavesNothing(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		scopes := []runlease.Scope{runlease.MemScope(1), runlease.NamedScope("gpu", 4).Take(2)}
+		_, err := runlease.ClaimSlots(t.Context(), s, "holder", scopes[:1])
+		require.NoError(t, err)
+		before := len(rows(t, s))
+
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() {
+			_, err := runlease.ClaimSlotsWait(ctx, s, "waiter", scopes)
+			done <- err
+		}()
+		awaitQueued(t, s, 2)
+		cancel()
+		err = <-done
+		assert.Same(t, context.Canceled, err, "ctx.Err() itself")
+		assert.Empty(t, queueRows(t, s), "its place is taken out of every queue")
+		assert.Len(t, rows(t, s), before)
+
+		dctx, dcancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer dcancel()
+		_, err = runlease.ClaimSlotsWait(dctx, s, "waiter", scopes)
+		assert.True(t, err == context.DeadlineExceeded, "ctx.Err() itself, not %v", err)
+		assert.Empty(t, queueRows(t, s))
+	})
+}
+
+func TestClaimSlotsWaitAdmitsAtOnceWithoutQueueing(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	cb := testkit.NewCountingBatcher(s)
+	sl, err := runlease.ClaimSlotsWait(t.Context(), cb, "r", []runlease.Scope{runlease.MemScope(2), runlease.NamedScope("gpu", 8).Take(3)})
+	require.NoError(t, err)
+	assert.Len(t, sl.Held(), 4, "one mem slot and three gpu slots")
+	assert.Equal(t, int64(2), cb.Scans.Load(), "one read per scope")
+	assert.Equal(t, int64(1), cb.Batches.Load(), "every slot in one batch")
+	assert.Zero(t, cb.CASes.Load(), "no queue entry written for a run admitted at once")
+	assert.Empty(t, queueRows(t, s))
+}
+
+func TestWaitersAreAdmittedByFairShareThenInQueueOrder(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		weightB int
+		want    []string
+	}{
+		{"equal_weights", 1, []string{"a1", "b1", "a2", "b2", "a3", "b3", "a4", "a5"}},
+		{"b_weighs_twice", 2, []string{"a1", "b1", "b2", "a2", "b3", "a3", "a4", "a5"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSQLite(t)
+			scopes := []runlease.Scope{runlease.MemScope(1)}
+			held, err := runlease.ClaimSlots(t.Context(), s, "x", scopes)
+			require.NoError(t, err)
+			var wg sync.WaitGroup
+			var got admissions
+			queued := 0
+			// Principal a queues five runs first, then b three: b's first
+			// run must not wait behind all of a's.
+			for i := 1; i <= 5; i++ {
+				waitAndRelease(t, &wg, s, "a"+strconv.Itoa(i), scopes, &got, runlease.WithFairShare("a", 1))
+				queued++
+				awaitQueued(t, s, queued)
+			}
+			for i := 1; i <= 3; i++ {
+				waitAndRelease(t, &wg, s, "b"+strconv.Itoa(i), scopes, &got, runlease.WithFairShare("b", tc.weightB))
+				queued++
+				awaitQueued(t, s, queued)
+			}
+			require.NoError(t, held.Release(t.Context()))
+			wg.Wait()
+			assert.Equal(t, tc.want, got.get())
+		})
+	}
+}
+
+func TestHigherPriorityIsAdmittedFirst(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	scopes := []runlease.Scope{runlease.MemScope(1)}
+	held, err := runlease.ClaimSlots(t.Context(), s, "x", scopes)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	var got admissions
+	for i, p := range []int{0, 0, 5, -1, 5} {
+		waitAndRelease(t, &wg, s, "r"+strconv.Itoa(i)+"p"+strconv.Itoa(p), scopes, &got, runlease.WithPriority(p))
+		awaitQueued(t, s, i+1)
+	}
+	require.NoError(t, held.Release(t.Context()))
+	wg.Wait()
+	assert.Equal(t, []string{"r2p5", "r4p5", "r0p0", "r1p0", "r3p-1"}, got.get())
+}
+
+func TestAPlainClaimDoesNotJumpTheQueue(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		ctx := t.Context()
+		gpu := runlease.NamedScope("gpu", 2)
+		_, err := runlease.ClaimSlots(ctx, s, "one", []runlease.Scope{gpu})
+		require.NoError(t, err)
+		// A run that needs both units waits: one is free, and it reserves
+		// it.
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { _, _ = runlease.ClaimSlotsWait(wctx, s, "heavy", []runlease.Scope{gpu.Take(2)}) }()
+		awaitQueued(t, s, 1)
+
+		before := rows(t, s)
+		_, err = runlease.ClaimSlots(ctx, s, "jumper", []runlease.Scope{gpu})
+		var limit *runlease.ConcurrencyLimitError
+		require.ErrorAs(t, err, &limit)
+		assert.Equal(t, runlease.ConcurrencyLimitError{Scope: "gpu", Limit: 2, Units: 1, Held: 1, Ahead: 1, Reserved: 2}, *limit)
+		assert.Contains(t, err.Error(), "the run would have to queue")
+		assert.Equal(t, before, rows(t, s), "a refusal writes nothing")
+
+		// A higher priority ranks ahead of the waiter and may take it.
+		sl, err := runlease.ClaimSlots(ctx, s, "urgent", []runlease.Scope{gpu}, runlease.WithPriority(1))
+		require.NoError(t, err)
+		assert.Len(t, sl.Held(), 1)
+	})
+}
+
+func TestAHeavyWaiterIsNotStarvedByLightClaims(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		gpu := runlease.NamedScope("gpu", 3)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		// Light claimants keep one unit each busy and claim again at once,
+		// so at no moment are all three units free unless they wait.
+		var light atomic.Int64
+		var wg sync.WaitGroup
+		for w := range 3 {
+			wg.Go(func() {
+				for i := 0; ctx.Err() == nil; i++ {
+					sl, err := runlease.ClaimSlotsWait(ctx, s, "light-"+strconv.Itoa(w)+"-"+strconv.Itoa(i), []runlease.Scope{gpu})
+					if err != nil {
+						return
+					}
+					light.Add(1)
+					time.Sleep(2 * time.Millisecond)
+					_ = sl.Release(context.Background())
+				}
+			})
+		}
+		require.Eventually(t, func() bool { return light.Load() > 20 }, 20*time.Second, time.Millisecond)
+		hctx, hcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer hcancel()
+		sl, err := runlease.ClaimSlotsWait(hctx, s, "heavy", []runlease.Scope{gpu.Take(3)})
+		require.NoError(t, err, "the heavy run must be admitted while light ones keep coming")
+		assert.Len(t, sl.Held(), 3)
+		require.NoError(t, sl.Release(ctx))
+		cancel()
+		wg.Wait()
+	})
+}
+
+func TestWeightedClaimsNeverExceedTheLimit(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		const limit = 5
+		scope := runlease.NamedScope("pool", limit)
+		var used, peak atomic.Int64
+		var wg sync.WaitGroup
+		for w := range 6 {
+			wg.Go(func() {
+				for i := range 12 {
+					units := 1 + (w+i)%3
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					sl, err := runlease.ClaimSlotsWait(ctx, s, "w"+strconv.Itoa(w)+"-"+strconv.Itoa(i),
+						[]runlease.Scope{scope.Take(units)}, runlease.WithFairShare("p"+strconv.Itoa(w%3), 1+w%2))
+					if !assert.NoError(t, err) {
+						cancel()
+						return
+					}
+					assert.Len(t, sl.Held(), units)
+					n := used.Add(int64(units))
+					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+					}
+					used.Add(-int64(units)) // stop counting before the release can let another in
+					assert.NoError(t, sl.Release(ctx))
+					cancel()
+				}
+			})
+		}
+		wg.Wait()
+		assert.LessOrEqual(t, peak.Load(), int64(limit), "more units held than the limit")
+		assert.Positive(t, peak.Load())
+		assert.Empty(t, queueRows(t, s))
+		occ, err := runlease.Occupancy(t.Context(), s)
+		require.NoError(t, err)
+		assert.Empty(t, occ)
+	})
+}
+
+func TestADeadWaitersPlaceExpires(t *testing.T) {
+	t.Parallel()
+	s, clk := newSQLite(t), testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now)}
+	scope := runlease.MemScope(1)
+	// The entry a waiter that died left behind: live for another 5 s.
+	entry := `{"run":"dead","waiter":"w1","fence":0,"seq":1,"principal":"","weight":1,"priority":0,"units":1,"tag":0,"enq_ms":` +
+		strconv.FormatInt(epoch.UnixMilli()-1000, 10) + `,"until_ms":` + strconv.FormatInt(epoch.Add(5*time.Second).UnixMilli(), 10) + `,"scopes":["mem"]}`
+	put(t, s, "runqueue:3:mem:dead", entry)
+
+	_, err := runlease.ClaimSlots(t.Context(), s, "r", []runlease.Scope{scope}, opts...)
+	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit, "the live entry reserves the only slot")
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := runlease.ClaimSlotsWait(t.Context(), s, "r", []runlease.Scope{scope}, append(opts, runlease.WithWaitPoll(runlease.MinWaitPoll))...)
+		done <- err
+	}()
+	awaitQueued(t, s, 2)
+	clk.Advance(5 * time.Second)
+	require.NoError(t, <-done, "admitted once the dead waiter's entry expired")
+	assert.Equal(t, entry, get(t, s, "runqueue:3:mem:dead"), "another's entry is never written over")
+}
+
+func TestAStalledWaiterQueuesAgainAtTheBack(t *testing.T) {
+	t.Parallel()
+	s, clk := newSQLite(t), testkit.NewClock(epoch)
+	requeued := make(chan runlease.RequeueEvent, 4)
+	opts := []runlease.Option{runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now),
+		runlease.WithWaitPoll(runlease.MinWaitPoll),
+		runlease.WithHooks(runlease.Hooks{SlotsRequeued: func(e runlease.RequeueEvent) { requeued <- e }})}
+	scopes := []runlease.Scope{runlease.MemScope(1)}
+	held, err := runlease.ClaimSlots(t.Context(), s, "x", scopes, runlease.WithTTL(time.Hour), runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// The first waiter looks again only when its entry is due for renewal
+	// (a third of the TTL), as a paused process would.
+	go func() {
+		_, _ = runlease.ClaimSlotsWait(ctx, s, "first", scopes, append(opts, runlease.WithWaitPoll(time.Hour))...)
+	}()
+	awaitQueued(t, s, 1)
+	first := queueRows(t, s)[0].Value
+
+	// Its entry expires on the store's clock as if its process had
+	// paused; another run queues meanwhile and is now ahead.
+	clk.Advance(6 * time.Second)
+	go func() { _, _ = runlease.ClaimSlotsWait(ctx, s, "second", scopes, opts...) }()
+	require.Eventually(t, func() bool {
+		_, found, err := s.MetaGet(ctx, "runqueue:3:mem:second")
+		return err == nil && found
+	}, 20*time.Second, time.Millisecond)
+	select {
+	case e := <-requeued:
+		assert.Equal(t, "first", e.RunID)
+		assert.Equal(t, []string{"mem"}, e.Scopes)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stalled waiter was not told it lost its place")
+	}
+	require.Eventually(t, func() bool {
+		r := queueRows(t, s)
+		return len(r) == 2 && r[0].Value != first
+	}, 20*time.Second, time.Millisecond)
+	var a, b map[string]any
+	r := queueRows(t, s)
+	require.NoError(t, json.Unmarshal([]byte(r[0].Value), &a)) // first
+	require.NoError(t, json.Unmarshal([]byte(r[1].Value), &b)) // second
+	assert.Greater(t, a["tag"], b["tag"], "it queued again behind the run that came meanwhile")
+	_ = held
+}
+
+func TestASecondWaiterOfOneRunIsRefused(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	scopes := []runlease.Scope{runlease.MemScope(1)}
+	_, err := runlease.ClaimSlots(t.Context(), s, "x", scopes)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() { _, _ = runlease.ClaimSlotsWait(ctx, s, "r", scopes) }()
+	awaitQueued(t, s, 1)
+	before := rows(t, s)
+	_, err = runlease.ClaimSlotsWait(t.Context(), s, "r", scopes)
+	require.ErrorIs(t, err, runlease.ErrAlreadyQueued)
+	assert.Equal(t, "RUN-E026", runlease.Code(err))
+	var aq *runlease.AlreadyQueuedError
+	require.ErrorAs(t, err, &aq)
+	assert.Equal(t, runlease.AlreadyQueuedError{RunID: "r", Scope: "mem"}, *aq)
+	assert.Equal(t, before, rows(t, s), "the first waiter's place is untouched")
+}
+
+func TestQueueBadInputChangesNothing(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	ctx := t.Context()
+	mem := runlease.MemScope(4)
+	for name, call := range map[string]func() error{
+		"zero units": func() error {
+			_, err := runlease.ClaimSlotsWait(ctx, s, "r", []runlease.Scope{mem.Take(0)})
+			return err
+		},
+		"units over": func() error { _, err := runlease.ClaimSlots(ctx, s, "r", []runlease.Scope{mem.Take(5)}); return err },
+		"weight 0": func() error {
+			_, err := runlease.ClaimSlotsWait(ctx, s, "r", []runlease.Scope{mem}, runlease.WithFairShare("p", 0))
+			return err
+		},
+		"weight too big": func() error {
+			_, err := runlease.ClaimSlots(ctx, s, "r", []runlease.Scope{mem}, runlease.WithFairShare("p", runlease.MaxWeight+1))
+			return err
+		},
+		"principal NUL": func() error {
+			_, err := runlease.ClaimSlotsWait(ctx, s, "r", []runlease.Scope{mem}, runlease.WithFairShare("a\x00", 1))
+			return err
+		},
+		"priority": func() error {
+			_, err := runlease.ClaimSlotsWait(ctx, s, "r", []runlease.Scope{mem}, runlease.WithPriority(runlease.MaxPriority+1))
+			return err
+		},
+		"poll": func() error {
+			_, err := runlease.ClaimSlotsWait(ctx, s, "r", []runlease.Scope{mem}, runlease.WithWaitPoll(time.Nanosecond))
+			return err
+		},
+		"empty run": func() error { _, err := runlease.ClaimSlotsWait(ctx, s, "", []runlease.Scope{mem}); return err },
+		"run too long": func() error {
+			_, err := runlease.ClaimSlotsWait(ctx, s, strings.Repeat("r", 1020), []runlease.Scope{mem})
+			return err
+		},
+		"poll on a claim": func() error {
+			_, err := runlease.ClaimSlots(ctx, s, "r", []runlease.Scope{mem}, runlease.WithWaitPoll(time.Second))
+			return err
+		},
+	} {
+		err := call()
+		assert.ErrorIs(t, err, runlease.ErrInvalidArgument, name)
+	}
+	assert.Empty(t, rows(t, s))
+
+	// A queue entry that does not parse is never written over, and the
+	// claim says which row it is.
+	put(t, s, "runqueue:3:mem:bad", `{"run":`)
+	_, err := runlease.ClaimSlotsWait(ctx, s, "r", []runlease.Scope{mem})
+	var corrupt *runlease.CorruptRowError
+	require.ErrorAs(t, err, &corrupt)
+	assert.Equal(t, "runqueue:3:mem:bad", corrupt.Key)
+	assert.Equal(t, []runlease.Row{{Key: "runqueue:3:mem:bad", Value: `{"run":`}}, rows(t, s))
+}
+
+func TestQueueKeysOfColonNamesDoNotCollide(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// "principal:a" with run "b:x" and "principal:a:b" with run "x" would
+	// share a key without the length of the scope's name in it.
+	sa, sb := runlease.PrincipalScope("a", 1), runlease.PrincipalScope("a:b", 1)
+	_, err := runlease.ClaimSlots(ctx, s, "h1", []runlease.Scope{sa})
+	require.NoError(t, err)
+	_, err = runlease.ClaimSlots(ctx, s, "h2", []runlease.Scope{sb})
+	require.NoError(t, err)
+	go func() { _, _ = runlease.ClaimSlotsWait(ctx, s, "b:x", []runlease.Scope{sa}) }()
+	go func() { _, _ = runlease.ClaimSlotsWait(ctx, s, "x", []runlease.Scope{sb}) }()
+	awaitQueued(t, s, 2)
+	keys := []string{}
+	for _, r := range queueRows(t, s) {
+		keys = append(keys, r.Key)
+	}
+	assert.ElementsMatch(t, []string{"runqueue:11:principal:a:b:x", "runqueue:13:principal:a:b:x"}, keys)
+}
+
+func TestLeaseClaimSlotsWaitIsFencedByTheLease(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		ctx := t.Context()
+		clk := testkit.NewClock(time.Now().UTC())
+		opts := []runlease.Option{runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now)}
+		scopes := []runlease.Scope{runlease.MemScope(1)}
+		held, err := runlease.ClaimSlots(ctx, s, "x", scopes, runlease.WithTTL(time.Hour), runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		old, err := runlease.Acquire(ctx, s, "r", "A", opts...)
+		require.NoError(t, err)
+
+		done := make(chan error, 1)
+		go func() {
+			_, err := old.ClaimSlotsWait(ctx, scopes, runlease.WithWaitPoll(runlease.MinWaitPoll))
+			done <- err
+		}()
+		awaitQueued(t, s, 1)
+		// The lease expires and another driver takes the run over; the
+		// old driver's waiter must be admitted nowhere.
+		clk.Advance(runlease.MinTTL + time.Second)
+		newer, err := runlease.Acquire(ctx, s, "r", "B", opts...)
+		require.NoError(t, err)
+		require.NoError(t, held.Release(ctx))
+		err = <-done
+		require.ErrorIs(t, err, runlease.ErrLeaseLost)
+		occ, err := runlease.Occupancy(ctx, s)
+		require.NoError(t, err)
+		assert.Empty(t, occ, "no slot taken by the superseded driver")
+		assert.Empty(t, queueRows(t, s), "and its place is gone")
+
+		sl, err := newer.ClaimSlotsWait(ctx, scopes)
+		require.NoError(t, err)
+		assert.Len(t, sl.Held(), 1)
+	})
+}
+
+func TestLeaseClaimSlotsOptions(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	l, err := runlease.Acquire(t.Context(), s, "r", "A")
+	require.NoError(t, err)
+	_, err = l.ClaimSlots(t.Context(), []runlease.Scope{runlease.MemScope(1)}, runlease.WithTTL(time.Minute))
+	require.ErrorIs(t, err, runlease.ErrInvalidArgument, "the TTL is the lease's")
+	_, err = l.ClaimSlotsWait(t.Context(), []runlease.Scope{runlease.MemScope(1)}, runlease.WithClock(time.Now))
+	require.ErrorIs(t, err, runlease.ErrInvalidArgument, "so is the clock")
+	sl, err := l.ClaimSlots(t.Context(), []runlease.Scope{runlease.MemScope(1)}, runlease.WithPriority(3), runlease.WithFairShare("p", 2))
+	require.NoError(t, err)
+	assert.Len(t, sl.Held(), 1)
+	if errors.Is(err, runlease.ErrInvalidArgument) {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,580 @@
+package runlease
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// DeleteNotifier is an optional capability of a [Notifier] Store: a
+// conditional delete that, when it deletes, wakes the subscribers of
+// another key. A released slot wakes the waiters of its scope's queue with
+// it, so that the next run is admitted in milliseconds rather than a poll
+// interval. Both built-in stores implement it: the Postgres store with
+// LISTEN/NOTIFY in the delete's own statement, and only when a subscriber
+// waits; the SQLite store within its process.
+type DeleteNotifier interface {
+	Notifier
+	// MetaDeleteNotify is MetaDelete that, when it deletes, wakes the
+	// subscribers of wakeKey (once the delete is visible to them).
+	MetaDeleteNotify(ctx context.Context, key, expected, wakeKey string) (deleted bool, err error)
+}
+
+// queueBell is the key whose subscribers are a scope's waiters: the
+// scope's queue prefix, a key no entry has.
+func queueBell(scope string) string { return queueScopePrefix(scope) }
+
+// deleteRinging deletes key if it holds expected, waking the waiters of
+// scope's queue when the store can, with an unknown outcome resolved as by
+// deleteResolved.
+func deleteRinging(ctx context.Context, s Store, key, expected, scope string) (bool, error) {
+	n, ok := s.(DeleteNotifier)
+	if !ok {
+		return deleteResolved(ctx, s, key, expected)
+	}
+	deleted, err := n.MetaDeleteNotify(ctx, key, expected, queueBell(scope))
+	if err == nil || !IsOutcomeUnknown(err) {
+		return deleted, err
+	}
+	return deleteResolved(ctx, s, key, expected)
+}
+
+// ClaimSlotsWait is [ClaimSlots] that waits its turn: when the run cannot
+// be admitted in every scope at once, it queues in each and returns once it
+// holds the units it asked for in all of them, all or nothing, or returns
+// ctx's error itself when ctx ends first, after taking its place out of
+// the queues (a place it could not take out, because the store failed or
+// the process died, expires after the TTL).
+//
+// Order, the same on every store: a higher priority ([WithPriority]) is
+// admitted first; among equal priorities, principals share the scopes by
+// their weights ([WithFairShare]); a principal's runs are admitted in the
+// order they queued. A waiter first in line that cannot be admitted yet
+// (another scope it needs is full, or fewer units are free than it needs)
+// reserves what it needs: waiters ranked behind it are not admitted over
+// it, even when they would fit. See the README's "Waiting for slots" for
+// the precise rules and the bound on waiting they give.
+//
+// The waiter keeps its queue entries alive while it waits, renewing them
+// every third of the TTL. A waiter stalled past its TTL (a paused process)
+// loses its place: it queues again at the back, and the hooks'
+// SlotsRequeued and the logger say so. A second call waiting for the same
+// run while the first still waits fails with [ErrAlreadyQueued].
+//
+// It takes the options of ClaimSlots, and [WithWaitPoll]: how often it
+// looks again when nothing wakes it sooner. Releases of slots wake it
+// through the store when it is a [DeleteNotifier]; the expiry of a slot or
+// of a waiter ahead, when it comes sooner than the poll, too.
+func ClaimSlotsWait(ctx context.Context, store Store, runID string, scopes []Scope, opts ...Option) (*Slots, error) {
+	o, err := buildOptions(store, opts, optsQueue, "ClaimSlotsWait")
+	if err != nil {
+		return nil, err
+	}
+	if err := checkName("runID", runID, maxHolderLen); err != nil {
+		return nil, err
+	}
+	b, _ := store.(Batcher)
+	commit := func(ctx context.Context, conds []Cond, ops []Op) error {
+		if b == nil {
+			return errNoBatch
+		}
+		ok, err := batchResolved(ctx, b, store, conds, ops)
+		if err == nil && !ok {
+			return ErrConditionFailed
+		}
+		return err
+	}
+	return waitSlots(ctx, newSlots(store, runID, o), scopes, 0, commit)
+}
+
+// ClaimSlotsWait is [ClaimSlotsWait] through the run's lease, as
+// [Lease.ClaimSlots] is ClaimSlots: on the lease's store, with its TTL,
+// clock, hooks and logger, and, on a store that implements [Batcher], with
+// the admission fenced by the lease (a driver whose lease was taken over
+// is admitted nowhere, and gets its [*LeaseLostError]). It takes
+// [WithPriority], [WithFairShare] and [WithWaitPoll]. A waiter of a newer
+// driver of the run (a higher fence) takes the place of an older one's.
+func (l *Lease) ClaimSlotsWait(ctx context.Context, scopes []Scope, opts ...Option) (*Slots, error) {
+	o, err := l.claimOptions(opts, optsRank|optPoll, "Lease.ClaimSlotsWait")
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	lost, releasing := l.lost, l.releasing
+	l.mu.Unlock()
+	switch {
+	case lost != nil:
+		return nil, lost
+	case releasing:
+		return nil, l.errReleasing()
+	}
+	s := newSlots(l.store, l.runID, o)
+	if _, ok := l.store.(Batcher); !ok {
+		return waitSlots(ctx, s, scopes, l.Fence(), func(context.Context, []Cond, []Op) error { return errNoBatch })
+	}
+	commit := func(ctx context.Context, conds []Cond, ops []Op) error {
+		return l.update(ctx, kindWrite, &userBatch{conds: conds, ops: ops})
+	}
+	return waitSlots(ctx, s, scopes, l.Fence(), commit)
+}
+
+// errNoBatch is what commit returns on a store that cannot write a batch:
+// the waiter then claims slot by slot and takes its entries out after.
+var errNoBatch = errors.New("store is not a Batcher")
+
+// waiter is one call of ClaimSlotsWait: its state belongs to the calling
+// goroutine alone, so it needs no lock. It shares nothing with other
+// waiters but the store.
+type waiter struct {
+	s      *Slots
+	scopes []Scope
+	fence  uint64
+	commit func(ctx context.Context, conds []Cond, ops []Op) error
+
+	me   queueEntry // the entry as last written; UntilMS 0 before it is queued
+	rows []string   // per scope, the entry row last confirmed in place
+	// marks holds, per scope, the fair-share mark this waiter wrote when
+	// it took its place and the mark it replaced (nil: none), so that a
+	// waiter that gives up puts the mark back.
+	marks    []markWrite
+	queued   bool
+	wroteAt  time.Time // local monotonic start of the last entry write that landed
+	queuedAt time.Time // when the run took its current place
+	sub      queueSub
+}
+
+func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, commit func(context.Context, []Cond, []Op) error) (*Slots, error) {
+	if s.o.poll < MinWaitPoll {
+		return nil, invalidArg("poll", "%v is shorter than %v", s.o.poll, MinWaitPoll)
+	}
+	if err := checkScopes(scopes); err != nil {
+		return nil, err
+	}
+	if len(scopes) == 0 {
+		return s, nil
+	}
+	if n := claimUnits(scopes) + len(scopes); n > MaxBatch-1 {
+		return nil, invalidArg("scopes", "%d units and entries; a waiting claim takes at most %d", n, MaxBatch-1)
+	}
+	for _, sc := range scopes {
+		if len(queueKey(sc.name, s.runID)) > MaxKeyLen {
+			return nil, invalidArg("runID", "run %q with scope %q makes a queue key longer than %d bytes", s.runID, sc.name, MaxKeyLen)
+		}
+	}
+	var id [12]byte
+	_, _ = crand.Read(id[:])
+	w := &waiter{s: s, scopes: scopes, fence: fence, commit: commit, rows: make([]string, len(scopes))}
+	w.me = queueEntry{Run: s.runID, Waiter: hex.EncodeToString(id[:]), Fence: fence,
+		Principal: s.o.principal, Weight: s.o.weightOr1(), Priority: s.o.priority}
+	for _, sc := range scopes {
+		w.me.Scopes = append(w.me.Scopes, sc.name)
+	}
+	w.sub = subscribeQueues(s.store, scopes)
+	defer w.sub.cancel()
+	held, err := w.run(ctx)
+	if err != nil {
+		w.leave(ctx)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	s.held = held
+	return s, nil
+}
+
+// run waits until the run is admitted in every scope, and returns the
+// slots it then holds.
+func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
+	for try := 0; ; try++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		states, err := w.read(ctx)
+		if err != nil {
+			if retryableFault(ctx, err) {
+				if err := claimBackoff(ctx, try, "MetaScan"); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			return nil, err
+		}
+		if w.queued && !w.stillQueued(states) {
+			w.requeued("the run's place in the queue was taken or expired")
+		}
+		rank := w.rank(states)
+		plans, admitted, next := w.plan(states, rank)
+		if admitted {
+			held, err := w.admit(ctx, plans)
+			switch {
+			case err == nil:
+				return held, nil
+			case errors.Is(err, ErrConditionFailed):
+				continue // a slot or an entry changed since the read: read again
+			case retryableFault(ctx, err):
+				if err := claimBackoff(ctx, try, "MetaBatch"); err != nil {
+					return nil, err
+				}
+				continue
+			default:
+				return nil, err
+			}
+		}
+		if err := w.keepPlace(ctx, states, rank); err != nil {
+			if errors.Is(err, ErrConditionFailed) || retryableFault(ctx, err) {
+				if err := claimBackoff(ctx, try, "MetaBatch"); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			return nil, err
+		}
+		if err := w.sleep(ctx, next); err != nil {
+			return nil, err
+		}
+		try = -1
+	}
+}
+
+// read reads every scope the run waits for.
+func (w *waiter) read(ctx context.Context) ([]*scopeState, error) {
+	states := make([]*scopeState, len(w.scopes))
+	for i, sc := range w.scopes {
+		st, err := readScope(ctx, w.s.store, sc, w.s.runID, w.s.o)
+		if err != nil {
+			return nil, err
+		}
+		states[i] = st
+	}
+	return states, nil
+}
+
+// stillQueued reports whether every entry the waiter wrote is in place and
+// live, and forgets its place when not.
+func (w *waiter) stillQueued(states []*scopeState) bool {
+	for i, st := range states {
+		if findEntry(st.queue, w.s.runID) == nil || findEntry(st.queue, w.s.runID).raw != w.rows[i] {
+			w.queued = false
+			return false
+		}
+	}
+	return true
+}
+
+func findEntry(q []queuedRow, runID string) *queuedRow {
+	for i := range q {
+		if q[i].e.Run == runID {
+			return &q[i]
+		}
+	}
+	return nil
+}
+
+// rank is the run's entry as it ranks now: its place when queued, or the
+// place it would take, behind everything waiting, when not.
+func (w *waiter) rank(states []*scopeState) *queueEntry {
+	me := w.me
+	if w.queued {
+		return &me
+	}
+	queues := make([][]queuedRow, len(states))
+	marks := make([]map[string]int64, len(states))
+	for i, st := range states {
+		queues[i], marks[i] = st.queue, st.marks
+	}
+	me.Tag = rankOf(queues, marks, w.s.runID, me.Principal, me.Priority)
+	me.EnqMS = max(states[0].nowMS, 1)
+	return &me
+}
+
+// plan plans the claim in every scope at rank, and reports whether every
+// scope admits it; next is the earliest expiry that could change that.
+func (w *waiter) plan(states []*scopeState, rank *queueEntry) ([][]slotCandidate, bool, int64) {
+	plans := make([][]slotCandidate, len(states))
+	admitted := true
+	var next int64
+	for i, st := range states {
+		sc := w.scopes[i]
+		if st.nextMS != 0 && (next == 0 || st.nextMS < next) {
+			next = st.nextMS
+		}
+		p, err := w.s.planFrom(sc, st, rank)
+		if err != nil {
+			admitted = false
+			continue
+		}
+		plans[i] = p
+	}
+	return plans, admitted, next
+}
+
+// admit takes the planned slots of every scope and the run's entries out
+// of the queues in one atomic batch, conditional on the slots being as
+// read and the entries being the waiter's own.
+func (w *waiter) admit(ctx context.Context, plans [][]slotCandidate) ([]*heldSlot, error) {
+	conds, ops, held := w.s.claimWrites(w.scopes, plans)
+	if w.queued {
+		for i, sc := range w.scopes {
+			key := queueKey(sc.name, w.s.runID)
+			conds = append(conds, Cond{Key: key, Value: &w.rows[i]})
+			ops = append(ops, Delete(key))
+		}
+	}
+	err := w.commit(ctx, conds, ops)
+	if errors.Is(err, errNoBatch) {
+		return w.admitSlotBySlot(ctx, plans)
+	}
+	if err != nil {
+		return nil, err
+	}
+	w.marks = nil // the admitted run's share is spent: its marks stay
+	if !w.queued {
+		w.leave(ctx) // an expired entry of its own, left from before
+	}
+	w.queued = false
+	clear(w.rows)
+	return held, nil
+}
+
+// admitSlotBySlot admits the run on a store without batches: the slots one
+// by one, put back if one is lost, then the entries taken out.
+func (w *waiter) admitSlotBySlot(ctx context.Context, plans [][]slotCandidate) ([]*heldSlot, error) {
+	s := w.s
+	for i, sc := range w.scopes {
+		for range sc.Units() {
+			if err := s.claimOne(ctx, sc, plans[i]); err != nil {
+				err = errors.Join(err, s.rollback(ctx))
+				var limit *ConcurrencyLimitError
+				if errors.As(err, &limit) {
+					return nil, ErrConditionFailed
+				}
+				return nil, err
+			}
+		}
+	}
+	held := s.held
+	s.held = nil
+	w.leave(ctx)
+	return held, nil
+}
+
+// keepPlace queues the run when it is not queued, and renews its entries
+// when a third of the TTL has passed since they were written.
+func (w *waiter) keepPlace(ctx context.Context, states []*scopeState, rank *queueEntry) error {
+	if w.queued && time.Since(w.wroteAt) < w.s.o.ttl/3 {
+		return nil
+	}
+	if w.queued && time.Since(w.wroteAt) >= w.s.o.ttl-w.s.margin {
+		// Stalled past the TTL, less the margin: others may have seen the
+		// entries expire and been admitted over them, so the place is
+		// given up rather than renewed.
+		w.requeued("the waiter stalled past its TTL")
+		rank = w.rank(states)
+	}
+	next := *rank
+	next.Seq++
+	start := time.Now()
+	next.UntilMS = stampMS(w.s.o.now(), w.s.o.ttl, w.me.UntilMS)
+	rows := make([]string, len(w.scopes))
+	var marks []markWrite
+	conds := make([]Cond, 0, 2*len(w.scopes))
+	ops := make([]Op, 0, 2*len(w.scopes))
+	for i, sc := range w.scopes {
+		key := queueKey(sc.name, w.s.runID)
+		var expected *string
+		if w.queued {
+			expected = &w.rows[i]
+		} else if cur := findAnyEntry(states[i], key); cur != nil {
+			e, _ := decodeEntry(*cur)
+			if e.live(states[i].nowMS) && e.Waiter != w.me.Waiter && e.Fence >= w.fence {
+				return &AlreadyQueuedError{RunID: w.s.runID, Scope: sc.name}
+			}
+			expected = cur
+		}
+		// One entry per scope: the same rank everywhere, and the units
+		// asked of that scope.
+		e := next
+		e.Units = sc.Units()
+		rows[i] = e.encode()
+		conds, ops = append(conds, Cond{Key: key, Value: expected}), append(ops, Put(key, rows[i]))
+		if !w.queued {
+			// A new place moves the principal's mark to where this run
+			// finishes, conditional on the mark as read: two runs of
+			// one principal queueing at once get different tags.
+			mk := fairKey(sc.name, next.Principal)
+			var seen *string
+			if raw, ok := states[i].entryRows[mk]; ok {
+				seen = &raw
+			}
+			mark, _ := json.Marshal(fairMark{Finish: e.finish(), UntilMS: next.UntilMS})
+			conds = append(conds, Cond{Key: mk, Value: seen})
+			ops = append(ops, Put(mk, string(mark)))
+			marks = append(marks, markWrite{key: mk, row: string(mark), prev: seen})
+		}
+	}
+	ok, err := w.putEntries(ctx, conds, ops)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		w.queued = false
+		return ErrConditionFailed
+	}
+	if !w.queued {
+		w.queuedAt = start
+		w.marks = marks
+	}
+	w.me, w.queued, w.wroteAt, w.rows = next, true, start, rows
+	return nil
+}
+
+// markWrite is a fair-share mark a waiter wrote over prev.
+type markWrite struct {
+	key, row string
+	prev     *string
+}
+
+// findAnyEntry returns the raw row at key among the scope's entries, live
+// or not, as the scan found it.
+func findAnyEntry(st *scopeState, key string) *string {
+	if raw, ok := st.entryRows[key]; ok {
+		return &raw
+	}
+	return nil
+}
+
+// putEntries writes the entries of every scope, all or nothing.
+func (w *waiter) putEntries(ctx context.Context, conds []Cond, ops []Op) (bool, error) {
+	if b, ok := w.s.store.(Batcher); ok {
+		return batchResolved(ctx, b, w.s.store, conds, ops)
+	}
+	for i := range ops {
+		ok, err := casResolved(ctx, w.s.store, ops[i].Key, conds[i].Value, ops[i].Value)
+		if err != nil || !ok {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// requeued gives up the run's place and says so.
+func (w *waiter) requeued(why string) {
+	waited := time.Since(w.queuedAt)
+	w.queued = false
+	if w.s.o.logger != nil {
+		w.s.o.logger.Warn("runlease: waiter lost its place in the queue and queues again at the back",
+			"run", w.s.runID, "scopes", w.me.Scopes, "waited", waited, "why", why)
+	}
+	if h := w.s.o.hooks.SlotsRequeued; h != nil {
+		h(RequeueEvent{RunID: w.s.runID, Scopes: w.me.Scopes, Waited: waited, Reason: why})
+	}
+}
+
+// sleep waits for a wake-up of any scope, the expiry at nextMS, the
+// renewal of the entries, or the poll interval, whichever comes first.
+func (w *waiter) sleep(ctx context.Context, nextMS int64) error {
+	d := jitter(w.s.o.poll)
+	if nextMS != 0 {
+		if until := time.UnixMilli(nextMS).Sub(w.s.o.now()) + time.Millisecond; until < d {
+			d = max(until, time.Millisecond)
+		}
+	}
+	if w.queued {
+		if renew := w.s.o.ttl/3 - time.Since(w.wroteAt); renew < d {
+			d = max(renew, 0)
+		}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	case <-w.sub.wake:
+	}
+	return nil
+}
+
+// leave takes the run's entries out of the queues, waking the waiters
+// behind it, with a context of its own: the caller's may have ended. An
+// entry it cannot take out expires after the TTL.
+func (w *waiter) leave(ctx context.Context) {
+	w.queued = false
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
+	defer cancel()
+	for i, sc := range w.scopes {
+		// Deleted only while it is the row this waiter wrote last, live
+		// or expired: a newer waiter's place is never touched.
+		if w.rows[i] != "" {
+			_, _ = deleteRinging(ctx, w.s.store, queueKey(sc.name, w.s.runID), w.rows[i], sc.name)
+			w.rows[i] = ""
+		}
+	}
+	w.unmark(ctx)
+}
+
+// unmark puts back the fair-share marks this waiter moved, where they are
+// still as it left them: a run that gave up its place leaves its
+// principal's share as it found it.
+func (w *waiter) unmark(ctx context.Context) {
+	for _, m := range w.marks {
+		if m.prev == nil {
+			_, _ = deleteResolved(ctx, w.s.store, m.key, m.row)
+		} else {
+			_, _ = casResolved(ctx, w.s.store, m.key, &m.row, *m.prev)
+		}
+	}
+	w.marks = nil
+}
+
+// leaveTimeout bounds how long a waiter whose context ended spends taking
+// its entries out.
+const leaveTimeout = 2 * time.Second
+
+// queueSub is a waiter's subscription to the wake-ups of its scopes'
+// queues, merged into one channel.
+type queueSub struct {
+	wake   <-chan struct{}
+	cancel func()
+}
+
+func subscribeQueues(store Store, scopes []Scope) queueSub {
+	n, ok := store.(Notifier)
+	if !ok {
+		return queueSub{cancel: func() {}}
+	}
+	if len(scopes) == 1 {
+		ch, cancel := n.Subscribe(queueBell(scopes[0].name))
+		return queueSub{wake: ch, cancel: cancel}
+	}
+	merged := make(chan struct{}, 1)
+	done := make(chan struct{})
+	cancels := make([]func(), 0, len(scopes))
+	for _, sc := range scopes {
+		ch, cancel := n.Subscribe(queueBell(sc.name))
+		cancels = append(cancels, cancel)
+		go func() {
+			for {
+				select {
+				case <-done:
+					return
+				case <-ch:
+					select {
+					case merged <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	return queueSub{wake: merged, cancel: func() {
+		close(done)
+		for _, c := range cancels {
+			c()
+		}
+	}}
+}
