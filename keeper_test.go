@@ -1,11 +1,14 @@
 package runlease_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
-	"runtime"
+	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -263,7 +266,10 @@ func TestKeeper(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			s := testkit.NewCountingBatcher(bubbleStore(t))
 			var r runlease.Renewer
-			before := runtime.NumGoroutine()
+			// Count only the goroutines this test starts: tests running in
+			// parallel start theirs too.
+			pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("runlease-test", t.Name())))
+			before := labelledGoroutines(t.Name())
 			const n = 100
 			keepers := make([]*runlease.Keeper, n)
 			for i := range n {
@@ -273,7 +279,9 @@ func TestKeeper(t *testing.T) {
 				require.NoError(t, err)
 			}
 			synctest.Wait()
-			assert.Less(t, runtime.NumGoroutine()-before, 10, "one loop, not one goroutine per lease")
+			started := labelledGoroutines(t.Name()) - before
+			assert.Positive(t, started, "the renewer's loop is counted")
+			assert.Less(t, started, 10, "one loop, not one goroutine per lease")
 			s.Reset()
 			time.Sleep(20 * time.Second)
 			for _, k := range keepers {
@@ -410,4 +418,28 @@ func TestKeeperStopsTrustingWhenTheExpiryClockJumpsAhead(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the work context outlived the keeper's trust")
 	}
+}
+
+// labelledGoroutines counts the live goroutines whose pprof label
+// runlease-test is value: those started by a goroutine that set it, and
+// their descendants.
+func labelledGoroutines(value string) int {
+	var buf bytes.Buffer
+	_ = pprof.Lookup("goroutine").WriteTo(&buf, 1)
+	want := strconv.Quote("runlease-test") + ":" + strconv.Quote(value)
+	n := 0
+	for _, block := range strings.Split(buf.String(), "\n\n") {
+		block = strings.TrimPrefix(block, "goroutine profile:")
+		if i := strings.Index(block, "\n"); strings.HasPrefix(block, " total") && i >= 0 {
+			block = block[i+1:]
+		}
+		if !strings.Contains(block, want) {
+			continue
+		}
+		var c int
+		if _, err := fmt.Sscanf(block, "%d @", &c); err == nil {
+			n += c
+		}
+	}
+	return n
 }
