@@ -527,3 +527,74 @@ func TestLeaseClaimSlotsOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestExplainSlotsSaysWhyARunWaits(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		gpu, mem := runlease.NamedScope("gpu", 4), runlease.MemScope(8)
+		holder, err := runlease.ClaimSlots(ctx, s, "holder", []runlease.Scope{gpu.Take(3)})
+		require.NoError(t, err)
+		go func() {
+			_, _ = runlease.ClaimSlotsWait(ctx, s, "heavy", []runlease.Scope{gpu.Take(2)},
+				runlease.WithFairShare("team-a", 2), runlease.WithPriority(1))
+		}()
+		awaitQueued(t, s, 1)
+		go func() { _, _ = runlease.ClaimSlotsWait(ctx, s, "mine", []runlease.Scope{mem, gpu}) }()
+		awaitQueued(t, s, 3) // mine waits in both scopes, as one claim
+		before := rows(t, s)
+
+		ex, err := runlease.ExplainSlots(t.Context(), s, "mine", []runlease.Scope{mem, gpu})
+		require.NoError(t, err)
+		assert.False(t, ex.Admissible)
+		require.Len(t, ex.Scopes, 2)
+		m, g := ex.Scopes[0], ex.Scopes[1]
+		assert.Equal(t, "mem", m.Scope)
+		assert.True(t, m.Queued)
+		assert.Equal(t, "", m.BlockedBy, "mem has room: it waits for gpu only")
+		assert.Equal(t, 0, m.Position)
+
+		assert.Equal(t, "gpu", g.Scope)
+		assert.Equal(t, 4, g.Limit)
+		assert.Equal(t, 3, g.Used)
+		assert.Equal(t, 2, g.QueueLen)
+		assert.True(t, g.Queued)
+		assert.Equal(t, 1, g.Position)
+		assert.Equal(t, 2, g.Reserved)
+		assert.Equal(t, "order", g.BlockedBy, "one unit is free, but the heavy run ahead reserves it")
+		require.Len(t, g.Ahead, 1)
+		assert.Equal(t, "heavy", g.Ahead[0].RunID)
+		assert.Equal(t, "team-a", g.Ahead[0].Principal)
+		assert.Equal(t, 1, g.Ahead[0].Priority)
+		assert.Equal(t, 2, g.Ahead[0].Units)
+		require.Len(t, g.Holders, 3)
+		assert.Equal(t, "holder", g.Holders[0].RunID)
+
+		// The heavy run itself is held back by capacity alone.
+		ex, err = runlease.ExplainSlots(t.Context(), s, "heavy", []runlease.Scope{gpu.Take(2)})
+		require.NoError(t, err)
+		assert.Equal(t, "capacity", ex.Scopes[0].BlockedBy)
+		assert.Equal(t, 0, ex.Scopes[0].Position)
+
+		// A run that is not queued is told where a claim would rank.
+		ex, err = runlease.ExplainSlots(t.Context(), s, "newcomer", []runlease.Scope{gpu})
+		require.NoError(t, err)
+		assert.False(t, ex.Scopes[0].Queued)
+		assert.Equal(t, 2, ex.Scopes[0].Position)
+		ex, err = runlease.ExplainSlots(t.Context(), s, "urgent", []runlease.Scope{gpu}, runlease.WithPriority(2))
+		require.NoError(t, err)
+		assert.True(t, ex.Admissible, "a higher priority ranks ahead of both")
+
+		ws, err := runlease.Queues(t.Context(), s)
+		require.NoError(t, err)
+		var got []string
+		for _, w := range ws {
+			got = append(got, w.Scope+"/"+w.RunID+"/"+strconv.Itoa(w.Position))
+		}
+		assert.Equal(t, []string{"gpu/heavy/0", "gpu/mine/1", "mem/mine/0"}, got)
+
+		assert.Equal(t, before, rows(t, s), "explaining writes nothing")
+		require.NoError(t, holder.Release(t.Context()))
+	})
+}

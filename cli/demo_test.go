@@ -29,7 +29,7 @@ func checkTimeline(t *testing.T, out string) {
 		`(?m)^\s+RUN-E021: .*\(holder "reports#node-b", fence 2`,
 		`(?m)^\s+nothing was written: the checkpoint is still "step 2 done by driver-b"$`,
 		`(?m)^t\+42s\s+driver-a renews: refused \(RUN-E021\); it stops`,
-		`(?m)^\s+RUN-E022: concurrency limit reached in scope "mem" \(limit 2\)$`,
+		`(?m)^\s+RUN-E022: concurrency limit reached in scope "mem" \(limit 2, 2 held, 1 asked\)$`,
 		`(?m)runlease\.Keep`,
 		`(?m)^t\+1m20s\s+driver-d tries run weekly-audit: refused \(RUN-E021\)`,
 		`(?m)^t\+1m50s\s+superstep done after 1m, twice the TTL; neither lease lapsed$`,

@@ -53,7 +53,8 @@ var flagName = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
 var builtinFlags = map[string]bool{"db": true, "postgres": true, "table": true, "timeout": true,
 	"allow-force-release": true, "dry-run": true, "fence": true, "fence-unknown": true, "force": true,
 	"json": true, "limit": true, "listen": true, "listen-any": true, "max": true, "older-than": true,
-	"run": true, "slot": true, "state": true, "watch": true, "yes": true, "help": true, "h": true}
+	"run": true, "slot": true, "state": true, "watch": true, "yes": true, "help": true, "h": true,
+	"units": true, "priority": true, "principal": true, "weight": true}
 
 // addKinds checks kinds and keeps them for the commands.
 func (c *cli) addKinds(kinds []StoreKind) error {

@@ -67,6 +67,7 @@ var commands = []command{
 	{"demo", "play a short scenario on a fresh embedded store and print its timeline", (*cli).demo},
 	{"status", "list every lease, and slot occupancy per scope", (*cli).status},
 	{"peek", "show one run's lease; the exit status says held, free or absent", (*cli).peek},
+	{"explain", "tell why a run waits for slots: limits, queues, who is ahead and who holds them", (*cli).explain},
 	{"release", "force-release a stuck lease, keeping its fence", (*cli).release},
 	{"repair", "replace a corrupt row: a lease by a tombstone at a fence you give, a slot by nothing", (*cli).repair},
 	{"prune", "remove released and expired rows older than a horizon", (*cli).prune},

@@ -23,7 +23,8 @@ type report struct {
 	omitted  int  // leases that matched the filters beyond --max
 	filtered bool // --state, --run or --max left leases out
 	slots    []runlease.SlotInfo
-	limits   map[string]int // scope limits given with --limit
+	waiters  []runlease.Waiter // the queues' live entries
+	limits   map[string]int    // scope limits given with --limit
 	// at formats an instant in the text output; nil is timestamp. The
 	// demo's simulated clock prints its own.
 	at func(time.Time) string
@@ -47,7 +48,11 @@ func readReport(ctx context.Context, s runlease.Store, name string, now time.Tim
 	if err != nil {
 		return nil, err
 	}
-	return &report{store: name, now: now, leases: leases, slots: slots, limits: limits}, nil
+	waiters, err := runlease.Queues(ctx, s, at(now))
+	if err != nil {
+		return nil, err
+	}
+	return &report{store: name, now: now, leases: leases, slots: slots, waiters: waiters, limits: limits}, nil
 }
 
 // The --json documents are statuspage's, so that status --json and the
@@ -60,12 +65,15 @@ type (
 
 // scopes groups the slots by scope, adding the scopes of --limit that hold
 // none, in name order.
-func (r *report) scopes() []scopeJSON { return statuspage.NewScopes(r.slots, r.limits, r.now) }
+func (r *report) scopes() []scopeJSON {
+	return statuspage.AddQueues(statuspage.NewScopes(r.slots, r.limits, r.now), r.waiters, r.now)
+}
 
 // writeJSON prints the report as one JSON document: indented, or on one
 // line for a stream of refreshes.
 func (r *report) writeJSON(w io.Writer, compact bool) error {
 	doc := statuspage.NewDocument(r.store, r.table, r.now, r.leases, r.slots, r.limits)
+	doc.Scopes = statuspage.AddQueues(doc.Scopes, r.waiters, r.now)
 	doc.Omitted = r.omitted
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
@@ -129,6 +137,24 @@ func (r *report) writeScopes(w io.Writer) {
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", sc.Scope, used, orDash(slotHolders(sc.Slots, r.now)))
+	}
+	tw.Flush()
+	r.writeQueues(w, scopes)
+}
+
+// writeQueues prints the waiters of every scope that has any, first first.
+func (r *report) writeQueues(w io.Writer, scopes []scopeJSON) {
+	if len(r.waiters) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := newTable(w)
+	fmt.Fprintln(tw, "QUEUE\tPOS\tRUN\tPRINCIPAL\tPRIORITY\tUNITS\tWAITING SINCE")
+	for _, sc := range scopes {
+		for _, q := range sc.Queue {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\n", sc.Scope, q.Position, q.RunID, orDash(q.Principal),
+				q.Priority, q.Units, r.timeText(time.UnixMilli(q.EnqueuedMS)))
+		}
 	}
 	tw.Flush()
 }

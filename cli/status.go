@@ -43,7 +43,10 @@ interrupted and exits 0); other exit statuses are those of every command.
                  takeover_possible, takeover_at (null as until is), row
                  (the stored text)
   scopes[]       scope, used, limit (null without --limit), slots[] of
-                 slot, run_id, until, until_ms, expires_in_ms, corrupt, key
+                 slot, run_id, until, until_ms, expires_in_ms, corrupt, key,
+                 and queue[] (the live waiters, first first) of position,
+                 run_id, principal, weight, priority, units, tag,
+                 enqueued, enqueued_ms, until, until_ms, expires_in_ms
 `
 
 // limitsFlag collects --limit scope=N flags.

@@ -101,7 +101,7 @@ func TestStatusJSONFieldNamesAreStable(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &doc))
 	assert.Equal(t, []string{"expires_in_ms", "fence", "holder", "row", "run_id", "state",
 		"takeover_at", "takeover_possible", "until", "until_ms"}, keys(doc.Leases[0]))
-	assert.Equal(t, []string{"limit", "scope", "slots", "used"}, keys(doc.Scopes[0]))
+	assert.Equal(t, []string{"limit", "queue", "scope", "slots", "used"}, keys(doc.Scopes[0]))
 	slot := doc.Scopes[0]["slots"].([]any)[0].(map[string]any)
 	assert.Equal(t, []string{"corrupt", "expires_in_ms", "key", "run_id", "slot", "until", "until_ms"}, keys(slot))
 }

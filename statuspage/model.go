@@ -120,6 +120,43 @@ type Scope struct {
 	Used  int    `json:"used"`  // live slots, corrupt rows included: they block their slot
 	Limit *int   `json:"limit"` // the operator's limit; null when not given
 	Slots []Slot `json:"slots"`
+	// Queue is the scope's live waiters (runlease.ClaimSlotsWait), first
+	// first; empty when nobody waits or the queues were not read.
+	Queue []Waiter `json:"queue"`
+}
+
+// Waiter is one live entry of a scope's queue.
+type Waiter struct {
+	Position    int        `json:"position"` // waiters ranked ahead of it
+	RunID       string     `json:"run_id"`
+	Principal   string     `json:"principal"`
+	Weight      int        `json:"weight"`
+	Priority    int        `json:"priority"`
+	Units       int        `json:"units"`
+	Tag         int64      `json:"tag"` // fair-share start tag: smaller goes first at equal priority
+	Enqueued    *time.Time `json:"enqueued"`
+	EnqueuedMS  int64      `json:"enqueued_ms"`
+	Until       *time.Time `json:"until"`
+	UntilMS     int64      `json:"until_ms"`
+	ExpiresInMS int64      `json:"expires_in_ms"`
+}
+
+// AddQueues puts the waiters (as [runlease.Queues] lists them) in the
+// queues of their scopes, adding the scopes that hold no slot.
+func AddQueues(scopes []Scope, waiters []runlease.Waiter, now time.Time) []Scope {
+	for _, w := range waiters {
+		i := slices.IndexFunc(scopes, func(s Scope) bool { return s.Scope == w.Scope })
+		if i < 0 {
+			scopes = append(scopes, Scope{Scope: w.Scope, Slots: []Slot{}, Queue: []Waiter{}})
+			i = len(scopes) - 1
+		}
+		scopes[i].Queue = append(scopes[i].Queue, Waiter{Position: w.Position, RunID: w.RunID,
+			Principal: w.Principal, Weight: w.Weight, Priority: w.Priority, Units: w.Units, Tag: w.Tag,
+			Enqueued: jsonTime(w.Enqueued), EnqueuedMS: w.Enqueued.UnixMilli(),
+			Until: jsonTime(w.Until), UntilMS: w.Until.UnixMilli(), ExpiresInMS: millisUntil(w.Until, now)})
+	}
+	slices.SortFunc(scopes, func(a, b Scope) int { return strings.Compare(a.Scope, b.Scope) })
+	return scopes
 }
 
 // Slot is one live (or corrupt) slot row.
@@ -139,7 +176,7 @@ func NewScopes(slots []runlease.SlotInfo, limits map[string]int, now time.Time) 
 	by := map[string]*Scope{}
 	get := func(name string) *Scope {
 		if by[name] == nil {
-			by[name] = &Scope{Scope: name, Slots: []Slot{}}
+			by[name] = &Scope{Scope: name, Slots: []Slot{}, Queue: []Waiter{}}
 			if n, ok := limits[name]; ok {
 				by[name].Limit = &n
 			}
