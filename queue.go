@@ -32,6 +32,9 @@ const (
 	MaxUnits = 64
 	// MaxPriority bounds [WithPriority] both ways.
 	MaxPriority = 1_000_000
+	// maxTag bounds the tags and finishes a row may hold, far below
+	// overflow: a virtual time that grows by at most 64e6 per admission.
+	maxTag = 1 << 61
 )
 
 // queueEntry is the JSON of one queue row. The fields are documented in
@@ -99,8 +102,8 @@ func decodeEntry(value string) (queueEntry, error) {
 		return e, fmt.Errorf("%w: units %d is outside [1, %d]", errBadEntry, e.Units, MaxUnits)
 	case e.Priority < -MaxPriority || e.Priority > MaxPriority:
 		return e, fmt.Errorf("%w: priority %d is outside [%d, %d]", errBadEntry, e.Priority, -MaxPriority, MaxPriority)
-	case e.Tag < 0 || e.UntilMS <= 0 || e.EnqMS <= 0:
-		return e, fmt.Errorf("%w: tag, enq_ms and until_ms must be positive", errBadEntry)
+	case e.Tag < 0 || e.Tag > maxTag || e.UntilMS <= 0 || e.EnqMS <= 0:
+		return e, fmt.Errorf("%w: tag must be in [0, %d], enq_ms and until_ms positive", errBadEntry, int64(maxTag))
 	}
 	return e, nil
 }
@@ -253,9 +256,9 @@ func scanMarks(rows []Row, scope string, nowMS int64, all map[string]string) (ma
 			continue
 		}
 		var m fairMark
-		if err := json.Unmarshal([]byte(r.Value), &m); err != nil || m.Finish < 0 || m.UntilMS <= 0 {
+		if err := json.Unmarshal([]byte(r.Value), &m); err != nil || m.Finish < 0 || m.Finish > maxTag || m.UntilMS <= 0 {
 			if err == nil {
-				err = fmt.Errorf("%w: finish and until_ms must be positive", errBadEntry)
+				err = fmt.Errorf("%w: finish must be in [0, %d], until_ms positive", errBadEntry, int64(maxTag))
 			}
 			return nil, corruptRow(r.Key, r.Value, err)
 		}

@@ -31,7 +31,6 @@ func (m *fairModel) enqueue(principal string, priority int) string {
 		m.marks = map[string]int64{}
 	}
 	e.Tag = rankOf([][]queuedRow{m.queue}, []map[string]int64{m.marks}, run, principal, priority)
-	m.marks[principal] = e.finish()
 	m.queue = append(m.queue, queuedRow{key: run, e: e})
 	return run
 }
@@ -46,6 +45,7 @@ func (m *fairModel) admit() queueEntry {
 	}
 	e := m.queue[best].e
 	m.queue = slices.Delete(m.queue, best, best+1)
+	m.marks[e.Principal] = max(m.marks[e.Principal], e.finish())
 	return e
 }
 

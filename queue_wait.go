@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"slices"
 	"time"
 )
 
@@ -51,12 +52,12 @@ func deleteRinging(ctx context.Context, s Store, key, expected, scope string) (b
 //
 // Order, the same on every store: a higher priority ([WithPriority]) is
 // admitted first; among equal priorities, principals share the scopes by
-// their weights ([WithFairShare]); a principal's runs are admitted in the
-// order they queued. A waiter first in line that cannot be admitted yet
-// (another scope it needs is full, or fewer units are free than it needs)
-// reserves what it needs: waiters ranked behind it are not admitted over
-// it, even when they would fit. See the README's "Waiting for slots" for
-// the precise rules and the bound on waiting they give.
+// their weights ([WithFairShare]); a principal's runs rank in the order
+// they queued. A waiter that cannot be admitted yet (another scope it
+// needs is full, or fewer units are free than it needs) reserves what it
+// needs: a waiter ranked behind it is admitted only into units that no
+// waiter ahead needs, so it never delays one. See the README's "Waiting
+// for slots" for the precise rules and the bound on waiting they give.
 //
 // The waiter keeps its queue entries alive while it waits, renewing them
 // every third of the TTL. A waiter stalled past its TTL (a paused process)
@@ -135,11 +136,12 @@ type waiter struct {
 	commit func(ctx context.Context, conds []Cond, ops []Op) error
 
 	me   queueEntry // the entry as last written; UntilMS 0 before it is queued
-	rows []string   // per scope, the entry row last confirmed in place
-	// marks holds, per scope, the fair-share mark this waiter wrote when
-	// it took its place and the mark it replaced (nil: none), so that a
-	// waiter that gives up puts the mark back.
-	marks    []markWrite
+	rows []string   // per scope, the entry row this waiter last wrote there ("": none)
+	// pending holds the slots of an admission whose outcome is not known
+	// (a fault or the end of ctx cut it short): if it landed after all,
+	// they are the run's, and a wait that returns an error must free them.
+	pending  []*heldSlot
+	wrote    bool // an entry write was sent: leaving must look for them
 	queued   bool
 	wroteAt  time.Time // local monotonic start of the last entry write that landed
 	queuedAt time.Time // when the run took its current place
@@ -177,6 +179,7 @@ func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, comm
 	held, err := w.run(ctx)
 	if err != nil {
 		w.leave(ctx)
+		w.freePending(ctx)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -206,10 +209,13 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 		if w.queued && !w.stillQueued(states) {
 			w.requeued("the run's place in the queue was taken or expired")
 		}
+		if err := w.aloneInQueue(states); err != nil {
+			return nil, err
+		}
 		rank := w.rank(states)
 		plans, admitted, next := w.plan(states, rank)
 		if admitted {
-			held, err := w.admit(ctx, plans)
+			held, err := w.admit(ctx, states, rank, plans)
 			switch {
 			case err == nil:
 				return held, nil
@@ -315,7 +321,7 @@ func (w *waiter) plan(states []*scopeState, rank *queueEntry) ([][]slotCandidate
 // admit takes the planned slots of every scope and the run's entries out
 // of the queues in one atomic batch, conditional on the slots being as
 // read and the entries being the waiter's own.
-func (w *waiter) admit(ctx context.Context, plans [][]slotCandidate) ([]*heldSlot, error) {
+func (w *waiter) admit(ctx context.Context, states []*scopeState, rank *queueEntry, plans [][]slotCandidate) ([]*heldSlot, error) {
 	conds, ops, held := w.s.claimWrites(w.scopes, plans)
 	if w.queued {
 		for i, sc := range w.scopes {
@@ -324,14 +330,19 @@ func (w *waiter) admit(ctx context.Context, plans [][]slotCandidate) ([]*heldSlo
 			ops = append(ops, Delete(key))
 		}
 	}
+	mconds, mops := w.markWrites(states, rank)
+	conds, ops = append(conds, mconds...), append(ops, mops...)
 	err := w.commit(ctx, conds, ops)
 	if errors.Is(err, errNoBatch) {
-		return w.admitSlotBySlot(ctx, plans)
+		return w.admitSlotBySlot(ctx, plans, mconds, mops)
 	}
 	if err != nil {
+		if !errors.Is(err, ErrConditionFailed) {
+			w.pending = held // it may have landed: freed if the wait fails
+		}
 		return nil, err
 	}
-	w.marks = nil // the admitted run's share is spent: its marks stay
+	w.pending = nil
 	if !w.queued {
 		w.leave(ctx) // an expired entry of its own, left from before
 	}
@@ -340,9 +351,60 @@ func (w *waiter) admit(ctx context.Context, plans [][]slotCandidate) ([]*heldSlo
 	return held, nil
 }
 
+// markWrites returns the conditions and puts that move the principal's
+// fair-share mark in every scope to where the admitted run finishes,
+// conditional on the marks as read. Marks move only when a run is
+// admitted, so a wait that ends without admission leaves them as they
+// were.
+func (w *waiter) markWrites(states []*scopeState, rank *queueEntry) ([]Cond, []Op) {
+	conds := make([]Cond, 0, len(w.scopes))
+	ops := make([]Op, 0, len(w.scopes))
+	for i, sc := range w.scopes {
+		e := *rank
+		e.Units = sc.Units()
+		mk := fairKey(sc.name, rank.Principal)
+		var seen *string
+		if raw, ok := states[i].entryRows[mk]; ok {
+			seen = &raw
+		}
+		fin := max(e.finish(), states[i].marks[rank.Principal])
+		mark, _ := json.Marshal(fairMark{Finish: fin, UntilMS: stampMS(w.s.o.now(), w.s.o.ttl, 0)})
+		conds, ops = append(conds, Cond{Key: mk, Value: seen}), append(ops, Put(mk, string(mark)))
+	}
+	return conds, ops
+}
+
+// freePending deletes the slots of an admission whose outcome was not
+// known, where they hold the rows it sent, with a context of its own.
+func (w *waiter) freePending(ctx context.Context) {
+	if len(w.pending) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
+	defer cancel()
+	for _, h := range w.pending {
+		_, _ = deleteRinging(ctx, w.s.store, h.key, h.seen, h.scope)
+	}
+	w.pending = nil
+}
+
+// aloneInQueue fails with an [*AlreadyQueuedError] when another call
+// waits for the same run in one of the scopes (a live entry of the run
+// that this waiter did not write, of the same or a newer fence): a second
+// call must not be admitted inside the first one's reservation.
+func (w *waiter) aloneInQueue(states []*scopeState) error {
+	for i, st := range states {
+		q := findEntry(st.queue, w.s.runID)
+		if q != nil && q.e.Waiter != w.me.Waiter && q.e.Fence >= w.fence {
+			return &AlreadyQueuedError{RunID: w.s.runID, Scope: w.scopes[i].name}
+		}
+	}
+	return nil
+}
+
 // admitSlotBySlot admits the run on a store without batches: the slots one
 // by one, put back if one is lost, then the entries taken out.
-func (w *waiter) admitSlotBySlot(ctx context.Context, plans [][]slotCandidate) ([]*heldSlot, error) {
+func (w *waiter) admitSlotBySlot(ctx context.Context, plans [][]slotCandidate, mconds []Cond, mops []Op) ([]*heldSlot, error) {
 	s := w.s
 	for i, sc := range w.scopes {
 		for range sc.Units() {
@@ -359,6 +421,9 @@ func (w *waiter) admitSlotBySlot(ctx context.Context, plans [][]slotCandidate) (
 	held := s.held
 	s.held = nil
 	w.leave(ctx)
+	for i := range mops {
+		_, _ = casResolved(ctx, s.store, mops[i].Key, mconds[i].Value, mops[i].Value)
+	}
 	return held, nil
 }
 
@@ -380,9 +445,8 @@ func (w *waiter) keepPlace(ctx context.Context, states []*scopeState, rank *queu
 	start := time.Now()
 	next.UntilMS = stampMS(w.s.o.now(), w.s.o.ttl, w.me.UntilMS)
 	rows := make([]string, len(w.scopes))
-	var marks []markWrite
-	conds := make([]Cond, 0, 2*len(w.scopes))
-	ops := make([]Op, 0, 2*len(w.scopes))
+	conds := make([]Cond, 0, len(w.scopes))
+	ops := make([]Op, 0, len(w.scopes))
 	for i, sc := range w.scopes {
 		key := queueKey(sc.name, w.s.runID)
 		var expected *string
@@ -401,41 +465,33 @@ func (w *waiter) keepPlace(ctx context.Context, states []*scopeState, rank *queu
 		e.Units = sc.Units()
 		rows[i] = e.encode()
 		conds, ops = append(conds, Cond{Key: key, Value: expected}), append(ops, Put(key, rows[i]))
-		if !w.queued {
-			// A new place moves the principal's mark to where this run
-			// finishes, conditional on the mark as read: two runs of
-			// one principal queueing at once get different tags.
-			mk := fairKey(sc.name, next.Principal)
-			var seen *string
-			if raw, ok := states[i].entryRows[mk]; ok {
-				seen = &raw
+	}
+	w.wrote = true
+	landed, err := w.putEntries(ctx, conds, ops)
+	if err != nil || slices.Contains(landed, false) {
+		// On a store without batches some entries may have landed:
+		// remember them, so that leaving takes them out. An entry whose
+		// write may have landed is remembered too: a delete of a row
+		// that is not there changes nothing.
+		for i, ok := range landed {
+			if ok || (err != nil && i == len(landed)-1) {
+				w.rows[i] = rows[i]
 			}
-			mark, _ := json.Marshal(fairMark{Finish: e.finish(), UntilMS: next.UntilMS})
-			conds = append(conds, Cond{Key: mk, Value: seen})
-			ops = append(ops, Put(mk, string(mark)))
-			marks = append(marks, markWrite{key: mk, row: string(mark), prev: seen})
 		}
-	}
-	ok, err := w.putEntries(ctx, conds, ops)
-	if err != nil {
-		return err
-	}
-	if !ok {
+		if w.queued {
+			w.requeued("its entries changed under it")
+		}
 		w.queued = false
+		if err != nil {
+			return err
+		}
 		return ErrConditionFailed
 	}
 	if !w.queued {
 		w.queuedAt = start
-		w.marks = marks
 	}
 	w.me, w.queued, w.wroteAt, w.rows = next, true, start, rows
 	return nil
-}
-
-// markWrite is a fair-share mark a waiter wrote over prev.
-type markWrite struct {
-	key, row string
-	prev     *string
 }
 
 // findAnyEntry returns the raw row at key among the scope's entries, live
@@ -447,18 +503,30 @@ func findAnyEntry(st *scopeState, key string) *string {
 	return nil
 }
 
-// putEntries writes the entries of every scope, all or nothing.
-func (w *waiter) putEntries(ctx context.Context, conds []Cond, ops []Op) (bool, error) {
+// putEntries writes the entries of every scope, all or nothing on a store
+// with batches, and one by one, stopping at the first that does not land,
+// otherwise. landed says which landed, up to the one that failed, which is
+// the last listed when err is not nil.
+func (w *waiter) putEntries(ctx context.Context, conds []Cond, ops []Op) (landed []bool, err error) {
 	if b, ok := w.s.store.(Batcher); ok {
-		return batchResolved(ctx, b, w.s.store, conds, ops)
+		ok, err := batchResolved(ctx, b, w.s.store, conds, ops)
+		if err != nil {
+			return nil, err
+		}
+		landed = make([]bool, len(ops))
+		for i := range landed {
+			landed[i] = ok
+		}
+		return landed, nil
 	}
 	for i := range ops {
 		ok, err := casResolved(ctx, w.s.store, ops[i].Key, conds[i].Value, ops[i].Value)
+		landed = append(landed, ok && err == nil)
 		if err != nil || !ok {
-			return false, err
+			return landed, err
 		}
 	}
-	return true, nil
+	return landed, nil
 }
 
 // requeued gives up the run's place and says so.
@@ -504,31 +572,32 @@ func (w *waiter) sleep(ctx context.Context, nextMS int64) error {
 // entry it cannot take out expires after the TTL.
 func (w *waiter) leave(ctx context.Context) {
 	w.queued = false
+	if !w.wrote {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
 	defer cancel()
 	for i, sc := range w.scopes {
-		// Deleted only while it is the row this waiter wrote last, live
-		// or expired: a newer waiter's place is never touched.
+		// Deleted only while it is a row this waiter wrote, live or
+		// expired: a newer waiter's place is never touched. The row last
+		// sent is tried first; after a write whose outcome is unknown,
+		// the one in place may be an earlier one of ours, so it is read.
+		key := queueKey(sc.name, w.s.runID)
 		if w.rows[i] != "" {
-			_, _ = deleteRinging(ctx, w.s.store, queueKey(sc.name, w.s.runID), w.rows[i], sc.name)
-			w.rows[i] = ""
+			if ok, err := deleteRinging(ctx, w.s.store, key, w.rows[i], sc.name); ok || err != nil {
+				w.rows[i] = ""
+				continue
+			}
+		}
+		w.rows[i] = ""
+		cur, found, err := w.s.store.MetaGet(ctx, key)
+		if err != nil || !found {
+			continue
+		}
+		if e, err := decodeEntry(cur); err == nil && e.Waiter == w.me.Waiter {
+			_, _ = deleteRinging(ctx, w.s.store, key, cur, sc.name)
 		}
 	}
-	w.unmark(ctx)
-}
-
-// unmark puts back the fair-share marks this waiter moved, where they are
-// still as it left them: a run that gave up its place leaves its
-// principal's share as it found it.
-func (w *waiter) unmark(ctx context.Context) {
-	for _, m := range w.marks {
-		if m.prev == nil {
-			_, _ = deleteResolved(ctx, w.s.store, m.key, m.row)
-		} else {
-			_, _ = casResolved(ctx, w.s.store, m.key, &m.row, *m.prev)
-		}
-	}
-	w.marks = nil
 }
 
 // leaveTimeout bounds how long a waiter whose context ended spends taking
