@@ -14,14 +14,17 @@ import (
 
 // The shared store's statements. %s stands for the sanitized table name and
 // is filled in once, at open; keys and values always travel as parameters.
+// Each write returns pgDurable of the row it writes, which pins its commit's
+// durability (see store_postgres_pin.go); its command tag still counts the
+// rows written.
 // The key column's "C" collation makes every comparison byte order, the
 // order MetaScan promises, and lets the range scan use the primary key.
 const (
 	pgSchema   = `CREATE TABLE IF NOT EXISTS %s (key text COLLATE "C" PRIMARY KEY, value text NOT NULL)`
 	pgGet      = `SELECT value FROM %s WHERE key = $1`
-	pgInsert   = `INSERT INTO %s (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING`
-	pgUpdate   = `UPDATE %s SET value = $3 WHERE key = $1 AND value = $2`
-	pgDelete   = `DELETE FROM %s WHERE key = $1 AND value = $2`
+	pgInsert   = `INSERT INTO %s (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING RETURNING ` + pgDurable
+	pgUpdate   = `UPDATE %s SET value = $3 WHERE key = $1 AND value = $2 RETURNING ` + pgDurable
+	pgDelete   = `DELETE FROM %s WHERE key = $1 AND value = $2 RETURNING ` + pgDurable
 	pgScan     = `SELECT key, value FROM %s WHERE key >= $1 AND key < $2 ORDER BY key`
 	pgScanOpen = `SELECT key, value FROM %s WHERE key >= $1 ORDER BY key`
 
@@ -100,10 +103,11 @@ func WithCreateTable(create bool) PostgresOption {
 // server.
 //
 // Each call is one round trip on a connection of the pool: its statements,
-// led by the pins, leave in one write with one Sync, and nothing is
-// prepared. pgxpool may ping a connection that sat idle for more than a
-// second before handing it out; that check precedes the call, and a
-// connection that fails it is replaced.
+// led by the isolation pin, each one that writes carrying the durability
+// pin, leave in one write with one Sync, and nothing is prepared. pgxpool
+// may ping a connection that sat idle for more than a second before
+// handing it out; that check precedes the call, and a connection that
+// fails it is replaced.
 //
 // Faults are [*StorageError] values wrapping pgx's error. A write whose
 // statement may have reached the server before the fault (a timeout, a
@@ -272,7 +276,7 @@ func (s *PostgresStore) MetaGet(ctx context.Context, key string) (string, bool, 
 	var v string
 	var found bool
 	err := s.do(ctx, "MetaGet", key, false, func(c *pgx.Conn) error {
-		res, err := send(ctx, c, false, pgStmt{s.q.get, []any{key}})
+		res, err := send(ctx, c, pgStmt{s.q.get, []any{key}})
 		if err == nil && len(res[0].Rows) == 1 {
 			v, found = string(res[0].Rows[0][0]), true
 		}
@@ -326,7 +330,7 @@ func (s *PostgresStore) MetaScan(ctx context.Context, prefix string) ([]Row, err
 	}
 	out := []Row{}
 	err := s.do(ctx, "MetaScan", prefix, false, func(c *pgx.Conn) error {
-		res, err := send(ctx, c, false, st)
+		res, err := send(ctx, c, st)
 		if err != nil {
 			return err
 		}
@@ -363,7 +367,7 @@ func (s *PostgresStore) neverMatches(ctx context.Context, op, key string) (bool,
 func (s *PostgresStore) exec(ctx context.Context, op, key, sql string, args ...any) (bool, error) {
 	var n int64
 	err := s.do(ctx, op, key, true, func(c *pgx.Conn) error {
-		res, err := send(ctx, c, true, pgStmt{sql, args})
+		res, err := send(ctx, c, pgStmt{sql, args})
 		if err == nil {
 			n = res[0].CommandTag.RowsAffected()
 		}

@@ -36,7 +36,8 @@ import (
 // case. It also reports whether every key's row was there: with every key
 // held that is always so, and a batch that found one missing, which would
 // take a server that breaks the locking above, wrote nothing and is tried
-// again.
+// again. Its one row also carries the durability pin (pgDurable), so that
+// it runs whatever the batch wrote.
 const (
 	pgBatchHold = `INSERT INTO %s AS t (key, value)
 SELECT k, $2 FROM unnest($1::text[]) AS u(k) ORDER BY k
@@ -66,7 +67,7 @@ ON CONFLICT (key) DO UPDATE SET value = t.value WHERE false`
 		OR (t.value = $8 AND NOT ((SELECT ok FROM ok) AND t.key IN (SELECT k FROM ops WHERE NOT del))))
 	RETURNING t.key
 )
-SELECT ok, complete FROM ok, verdict`
+SELECT ok, complete, ` + pgDurable + ` FROM ok, verdict`
 
 	// pgBatchFenced is a batch in the shape of every fenced write (see
 	// pgFencedShape) as one statement: the conditional UPDATE of the
@@ -83,14 +84,16 @@ SELECT ok, complete FROM ok, verdict`
 	// condition's key, its expected value and the value put there; $4 and
 	// $5 the other keys and their values. pgBatchFencedOne is the same for
 	// one other key, which a fenced write of one key is: scalars, not
-	// arrays, spare the server the unnest and the sort.
+	// arrays, spare the server the unnest and the sort. The UPDATE's
+	// RETURNING pins the durability (pgDurable) when it writes, which is
+	// when anything is written.
 	pgBatchFencedOne = `WITH l AS (
-	UPDATE %[1]s SET value = $3 WHERE key = $1 AND value = $2 RETURNING 1
+	UPDATE %[1]s SET value = $3 WHERE key = $1 AND value = $2 RETURNING ` + pgDurable + `
 )
 INSERT INTO %[1]s (key, value) SELECT $4, $5 FROM l
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value`
 	pgBatchFenced = `WITH l AS (
-	UPDATE %[1]s SET value = $3 WHERE key = $1 AND value = $2 RETURNING 1
+	UPDATE %[1]s SET value = $3 WHERE key = $1 AND value = $2 RETURNING ` + pgDurable + `
 )
 INSERT INTO %[1]s (key, value)
 SELECT u.k, u.v FROM l, unnest($4::text[], $5::text[]) AS u(k, v) ORDER BY u.k
@@ -199,13 +202,13 @@ func pgPause(ctx context.Context, d time.Duration) error {
 
 // sendBatch sends both statements and reads the verdict.
 func (s *PostgresStore) sendBatch(ctx context.Context, c *pgx.Conn, args []any) (ok, complete bool, err error) {
-	res, err := send(ctx, c, true,
+	res, err := send(ctx, c,
 		pgStmt{s.q.batchHold, []any{args[0], args[7]}},
 		pgStmt{s.q.batchApply, args})
 	if err != nil {
 		return false, false, err
 	}
-	if len(res[1].Rows) != 1 || len(res[1].Rows[0]) != 2 {
+	if len(res[1].Rows) != 1 || len(res[1].Rows[0]) != 3 {
 		return false, false, errors.New("unexpected reply to a batch")
 	}
 	row := res[1].Rows[0]
@@ -260,7 +263,7 @@ func (s *PostgresStore) sendFenced(ctx context.Context, c *pgx.Conn, f *pgFenced
 		st = pgStmt{s.q.batchFenced, []any{f.key, f.expected, f.value, f.keys, f.values}}
 	}
 	want := int64(max(len(f.keys), 1))
-	res, err := send(ctx, c, true, st)
+	res, err := send(ctx, c, st)
 	if err != nil {
 		return false, err
 	}

@@ -3,9 +3,12 @@ package runlease_test
 import (
 	"context"
 	"fmt"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -69,8 +72,15 @@ func TestPostgresWritesSurviveACrashWhateverTheDefaults(t *testing.T) {
 	}
 }
 
-// writeEveryKind makes one acknowledged write of each kind the store has,
-// and returns what each key must hold afterwards ("" for absent).
+// writeEveryKind makes one acknowledged write of each kind the store has —
+// each statement form that writes: MetaCAS's insert and update, MetaDelete,
+// MetaCASNotify's insert and update, MetaBatch's fenced forms (no other key,
+// one, several) and its general form (with an absent key, and with a
+// delete), and MetaCASMany — and returns what each key must hold afterwards
+// ("" for absent). A crash test can only tell that the last commit's flush
+// was waited for (a flush takes every commit before it along), so
+// TestPostgresEveryWriteCommitsWithItsPinsWhateverTheDefaults checks each
+// kind at its own commit.
 func writeEveryKind(t *testing.T, s *runlease.PostgresStore) map[string]string {
 	t.Helper()
 	ctx := t.Context()
@@ -87,13 +97,123 @@ func writeEveryKind(t *testing.T, s *runlease.PostgresStore) map[string]string {
 	ok, err = s.MetaCASNotify(ctx, "notified", nil, "n")
 	require.NoError(t, err)
 	require.True(t, ok)
-	ok, err = s.MetaBatch(ctx, []runlease.Cond{runlease.IfAbsent("batched")}, []runlease.Op{runlease.Put("batched", "b")})
+	ok, err = s.MetaCASNotify(ctx, "notified", strptr("n"), "n2")
 	require.NoError(t, err)
 	require.True(t, ok)
+	batch := func(conds []runlease.Cond, ops ...runlease.Op) {
+		t.Helper()
+		ok, err := s.MetaBatch(ctx, conds, ops)
+		require.NoError(t, err)
+		require.True(t, ok, "%v %v", conds, ops)
+	}
+	batch([]runlease.Cond{runlease.IfAbsent("batched")}, runlease.Put("batched", "b"))
+	batch([]runlease.Cond{runlease.IfEquals("batched", "b")}, runlease.Put("batched", "b2"), runlease.Delete("fence"))
+	for _, key := range []string{"fenced0", "fenced1", "fenced2"} {
+		require.True(t, mustCAS(t, s, key, nil, "1"))
+	}
+	batch([]runlease.Cond{runlease.IfEquals("fenced0", "1")}, runlease.Put("fenced0", "2"))
+	batch([]runlease.Cond{runlease.IfEquals("fenced1", "1")}, runlease.Put("fenced1", "2"), runlease.Put("fenced1/a", "a"))
+	batch([]runlease.Cond{runlease.IfEquals("fenced2", "1")}, runlease.Put("fenced2", "2"),
+		runlease.Put("fenced2/a", "a"), runlease.Put("fenced2/b", "b"))
 	swapped, err := s.MetaCASMany(ctx, []runlease.CASWrite{{Key: "many", Value: "m"}})
 	require.NoError(t, err)
 	require.Equal(t, []bool{true}, swapped)
-	return map[string]string{"fence": "4", "doomed": "", "notified": "n", "batched": "b", "many": "m"}
+	swapped, err = s.MetaCASMany(ctx, []runlease.CASWrite{{Key: "many", Expected: strptr("m"), Value: "m2"}})
+	require.NoError(t, err)
+	require.Equal(t, []bool{true}, swapped)
+	return map[string]string{
+		"fence": "", "doomed": "", "notified": "n2", "batched": "b2",
+		"fenced0": "2", "fenced1": "2", "fenced1/a": "a", "fenced2": "2", "fenced2/a": "a", "fenced2/b": "b",
+		"many": "m2",
+	}
+}
+
+// TestPostgresEveryWriteCommitsWithItsPinsWhateverTheDefaults proves that
+// each kind of write commits with the settings the store pins, whatever
+// the session's defaults: a deferred trigger on the table, which the server
+// runs at the commit of every transaction that wrote a row, just before it
+// reads synchronous_commit to commit, records the settings it sees. Every
+// write must see synchronous_commit waiting for the flush (on, or a
+// stricter setting left as it was) and READ COMMITTED.
+func TestPostgresEveryWriteCommitsWithItsPinsWhateverTheDefaults(t *testing.T) {
+	t.Parallel()
+	admin := pgtest.Pool(t)
+	cases := []struct {
+		name      string
+		role      map[string]string // the role's defaults
+		dsnParams string            // appended to the DSN of the store
+		sync      string            // the session's default, and what a write must commit with
+		want      string
+	}{
+		{name: "a_role_with_synchronous_commit_off_and_serializable_commits_flushed_at_read_committed",
+			role: map[string]string{"synchronous_commit": "off", "default_transaction_isolation": "serializable"},
+			sync: "off", want: "on"},
+		{name: "a_role_with_synchronous_commit_local_commits_flushed_to_standbys_too",
+			role: map[string]string{"synchronous_commit": "local"}, sync: "local", want: "on"},
+		{name: "a_connection_with_synchronous_commit_off_and_repeatable_read_commits_flushed_at_read_committed",
+			dsnParams: "&synchronous_commit=off&default_transaction_isolation=repeatable%20read", sync: "off", want: "on"},
+		{name: "a_role_with_synchronous_commit_remote_apply_keeps_it",
+			role: map[string]string{"synchronous_commit": "remote_apply"}, sync: "remote_apply", want: "remote_apply"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dsn, table := pgRoleTable(t, admin, tc.role)
+			dsn += tc.dsnParams
+			requireSetting(t, dsn, "synchronous_commit", tc.sync)
+			log := pgCommitLog(t, admin, dsn, table)
+			s := openPG(t, dsn, table)
+			require.True(t, mustCAS(t, s, "doomed", nil, "x"))
+			acknowledged := writeEveryKind(t, s)
+
+			seen := map[string]bool{}
+			rows, err := admin.Query(t.Context(), "SELECT key, sync, isolation FROM "+log+" ORDER BY n")
+			require.NoError(t, err)
+			for rows.Next() {
+				var key, sync, isolation string
+				require.NoError(t, rows.Scan(&key, &sync, &isolation))
+				seen[key] = true
+				assert.Equal(t, tc.want, sync, "synchronous_commit at the commit of a write of %q", key)
+				assert.Equal(t, "read committed", isolation, "isolation of a write of %q", key)
+			}
+			require.NoError(t, rows.Err())
+			for key := range acknowledged {
+				assert.True(t, seen[key], "the premise: the trigger saw the commit of %q", key)
+			}
+		})
+	}
+}
+
+// pgCommitLog creates, on table, a deferred constraint trigger that logs,
+// at the commit of every transaction that writes a row, the row's key and
+// the settings synchronous_commit and transaction_isolation as the commit
+// sees them, into a new table that the role of dsn may write. It returns
+// the log table; everything is dropped when t ends.
+func pgCommitLog(t *testing.T, admin *pgxpool.Pool, dsn, table string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	role := pgx.Identifier{u.User.Username()}.Sanitize()
+	log := pgtest.Ident(pgtest.NewTable(t, admin))
+	fn := pgx.Identifier{pgtest.UniqueName("runlease_commit_log_")}.Sanitize()
+	run := func(sql string) {
+		t.Helper()
+		_, err := admin.Exec(context.WithoutCancel(t.Context()), sql)
+		require.NoError(t, err, sql)
+	}
+	run("CREATE TABLE " + log + " (n bigserial, key text, sync text, isolation text)")
+	run("GRANT INSERT ON " + log + " TO " + role)
+	run("GRANT USAGE ON SEQUENCE " + pgx.Identifier{strings.Trim(log, `"`) + "_n_seq"}.Sanitize() + " TO " + role)
+	run(`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO ` + log + ` (key, sync, isolation) VALUES (CASE WHEN TG_OP = 'DELETE' THEN OLD.key ELSE NEW.key END,
+		current_setting('synchronous_commit'), current_setting('transaction_isolation'));
+	RETURN NULL;
+END $$`)
+	t.Cleanup(func() { run("DROP FUNCTION " + fn + " CASCADE") })
+	run("CREATE CONSTRAINT TRIGGER commit_log AFTER INSERT OR UPDATE OR DELETE ON " + pgtest.Ident(table) +
+		" DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION " + fn + "()")
+	return log
 }
 
 // clusterPool opens a pool on dsn, closed when t ends.

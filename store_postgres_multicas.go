@@ -17,7 +17,9 @@ import (
 // failing one of them). The second, which then never waits, applies each
 // write whose key holds its expected value — a placeholder stands for
 // absence — and removes the placeholders left over, returning the keys
-// written. Each row is written or not on its own, as by MetaCAS.
+// written, each with the durability pin (pgDurable): it runs for every row
+// written, and the placeholders, the only other rows the call changes, are
+// gone by its commit. Each row is written or not on its own, as by MetaCAS.
 const pgCASManyApply = `WITH w AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bool[]) AS w(k, e, v, absent)
 ), put AS (
@@ -28,7 +30,7 @@ const pgCASManyApply = `WITH w AS (
 	DELETE FROM %[1]s t
 	WHERE t.key = ANY($1::text[]) AND t.value = $5 AND t.key NOT IN (SELECT key FROM put)
 )
-SELECT key FROM put`
+SELECT key, ` + pgDurable + ` FROM put`
 
 // MetaCASMany implements [MultiCASer] in one round trip.
 func (s *PostgresStore) MetaCASMany(ctx context.Context, writes []CASWrite) ([]bool, error) {
@@ -57,7 +59,7 @@ func (s *PostgresStore) MetaCASMany(ctx context.Context, writes []CASWrite) ([]b
 	if len(keys) > 0 {
 		placeholder := pgPlaceholder()
 		err := s.do(ctx, "MetaCASMany", "", true, func(c *pgx.Conn) error {
-			res, err := send(ctx, c, true,
+			res, err := send(ctx, c,
 				pgStmt{s.q.batchHold, []any{keys, placeholder}},
 				pgStmt{s.q.casMany, []any{keys, expected, values, absent, placeholder}})
 			if err == nil {

@@ -106,9 +106,9 @@ func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected 
 	}
 	var n int64
 	err := s.do(ctx, "MetaCASNotify", key, true, func(c *pgx.Conn) error {
-		// The write's own pin (pgPinNotify) replaces send's durability
-		// pin: it pins durability too, and takes the key's lock.
-		res, err := send(ctx, c, false, pgStmt{pgPinNotify, []any{pgMarkLockKey(s.channel, key)}}, write)
+		// pgPinNotify pins the write's durability and takes the key's
+		// lock.
+		res, err := send(ctx, c, pgStmt{pgPinNotify, []any{pgMarkLockKey(s.channel, key)}}, write)
 		if err == nil {
 			n = res[1].CommandTag.RowsAffected()
 		}

@@ -8,10 +8,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// The pins lead the statements of every call, in the same implicit
-// transaction, so that the store's guarantees do not depend on defaults a
-// role, a database or a connection may set (ALTER ROLE … SET, a DSN's
-// options, a pool's AfterConnect):
+// The pins make the store's guarantees independent of the defaults a role,
+// a database or a connection may set (ALTER ROLE … SET, a DSN's options, a
+// pool's AfterConnect), for the call's implicit transaction only:
 //
 //   - pgPinIsolation makes the transaction READ COMMITTED, the level the
 //     statements are written for: a conditional write that waited for a
@@ -22,22 +21,44 @@ import (
 //     a transaction block, which the server would log at every call; and a
 //     SET of transaction_isolation lasts only for the transaction it is
 //     made in (SET TRANSACTION is the same SET), so nothing of the session
-//     changes. It must come first: the level is fixed by the first snapshot.
-//   - pgPinDurable makes a write's commit wait for its WAL to be flushed,
-//     so that an acknowledged write survives a crash of the server: with
+//     changes. It leads every call, reads too, as a statement of its own:
+//     the level is fixed by the transaction's first snapshot, which any
+//     other statement, even a SELECT of set_config, takes before it runs.
+//     A read, one SELECT, would see the same rows at any level, and
+//     without the SET it runs at 0.93–1.01 of the bare SELECT instead of
+//     0.83–0.87 (BENCHMARKS.md); but under a SERIALIZABLE default it would
+//     take part in the server's serializable conflict checks, where it can
+//     fail with 40001 and make the caller's own serializable transactions
+//     on the table fail, so reads keep it.
+//   - pgDurable makes a write's commit wait for its WAL to be flushed, so
+//     that an acknowledged write survives a crash of the server: with
 //     synchronous_commit = off, an immediate restart loses the last commits
-//     and fences would go backwards. set_config(…, true) sets it for this
-//     transaction only, without a warning. A setting that already waits for
-//     the local flush (on, remote_write, remote_apply) is left as it is; off
+//     and fences would go backwards. A setting that already waits for the
+//     local flush (on, remote_write, remote_apply) is left as it is; off
 //     and local become on, which also waits for synchronous standbys, if
-//     any, so that a failover keeps the write too.
+//     any, so that a failover keeps the write too. set_config(…, true) sets
+//     it for this transaction only, without a warning. It is not a
+//     statement of its own but an expression that every write statement
+//     evaluates for each row it writes (in a RETURNING clause, which the
+//     server computes for every row a data-modifying statement or CTE
+//     changes, whether or not anything reads it), or once in a SELECT list
+//     of one row: a transaction that changed a row for good has then
+//     always set it before it commits, which is when the server reads the
+//     setting (a MetaCASMany whose placeholders were all it wrote leaves
+//     nothing to lose). Folding it in spares a write a statement; a new
+//     write statement must carry it too, which
+//     TestPostgresEveryWriteCommitsWithItsPinsWhateverTheDefaults checks,
+//     kind by kind, at each commit. pgPinDurable is the same as a
+//     statement, for DDL, which has no RETURNING.
 //
-// Both travel in the same message as the statement and end at its commit,
-// so a call stays one round trip, works through transaction-pooling
-// proxies, and leaves the caller's connections as they were.
+// Both end at the call's commit and travel in the same message as the
+// call's statements, so a call stays one round trip, works through
+// transaction-pooling proxies, and leaves the caller's connections as they
+// were.
 const (
 	pgPinIsolation = `SET transaction_isolation = 'read committed'`
-	pgPinDurable   = `SELECT set_config('synchronous_commit', 'on', true) WHERE current_setting('synchronous_commit') IN ('off', 'local')`
+	pgDurable      = `CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN set_config('synchronous_commit', 'on', true) END`
+	pgPinDurable   = `SELECT ` + pgDurable
 )
 
 // pgStmt is one statement of a call, with its arguments.
@@ -46,21 +67,17 @@ type pgStmt struct {
 	args []any
 }
 
-// send runs stmts on c as one implicit transaction, led by the pins (the
-// durability pin only for a write), and returns one result per statement of
-// stmts, or the first error. Everything leaves in one write ending in one
-// Sync and the reply ends with one ReadyForQuery, so it is one round trip.
-// The arguments are encoded here and sent with the unnamed statement, as in
-// pgx's QueryExecModeExec: nothing is prepared, which would cost a second
-// round trip on a new connection.
-func send(ctx context.Context, c *pgx.Conn, write bool, stmts ...pgStmt) ([]*pgconn.Result, error) {
+// send runs stmts on c as one implicit transaction, led by the isolation
+// pin, and returns one result per statement of stmts, or the first error.
+// A write's statements carry the durability pin themselves (pgDurable).
+// Everything leaves in one write ending in one Sync and the reply ends
+// with one ReadyForQuery, so it is one round trip. The arguments are
+// encoded here and sent with the unnamed statement, as in pgx's
+// QueryExecModeExec: nothing is prepared, which would cost a second round
+// trip on a new connection.
+func send(ctx context.Context, c *pgx.Conn, stmts ...pgStmt) ([]*pgconn.Result, error) {
 	batch := &pgconn.Batch{}
 	batch.ExecParams(pgPinIsolation, nil, nil, nil, nil)
-	pins := 1
-	if write {
-		batch.ExecParams(pgPinDurable, nil, nil, nil, nil)
-		pins++
-	}
 	for _, st := range stmts {
 		var b pgx.ExtendedQueryBuilder
 		if err := b.Build(c.TypeMap(), nil, st.args); err != nil {
@@ -77,8 +94,8 @@ func send(ctx context.Context, c *pgx.Conn, write bool, stmts ...pgStmt) ([]*pgc
 	if err != nil {
 		return nil, err
 	}
-	if len(results) != pins+len(stmts) {
+	if len(results) != 1+len(stmts) {
 		return nil, errors.New("unexpected reply: wrong number of results")
 	}
-	return results[pins:], nil
+	return results[1:], nil
 }

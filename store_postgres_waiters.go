@@ -63,9 +63,11 @@ ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value`
 	// yields them in that order, so marks never wait for each other in a
 	// cycle.
 	pgMarkLock = `SELECT pg_advisory_xact_lock(k) FROM unnest($1::bigint[]) AS u(k)`
-	// pgPinNotify is the durability pin of a notifying write (see send),
-	// which also takes its key's lock, shared.
-	pgPinNotify = `SELECT pg_advisory_xact_lock_shared($1), CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN set_config('synchronous_commit', 'on', true) END`
+	// pgPinNotify leads a notifying write: it takes the key's lock,
+	// shared, and pins the write's durability (pgDurable; a statement
+	// that always runs once, where the write's RETURNING runs only for a
+	// row written and already has its notification to compute).
+	pgPinNotify = `SELECT pg_advisory_xact_lock_shared($1), ` + pgDurable
 )
 
 // pgMarkLockKey is the advisory lock of key in the table whose channel is
@@ -250,7 +252,7 @@ func (s *PostgresStore) putMarks(ctx context.Context, keys, put []string, until 
 		return err
 	}
 	defer conn.Release()
-	_, err = send(ctx, conn.Conn(), false, pgStmt{pgAsyncCommit, nil},
+	_, err = send(ctx, conn.Conn(), pgStmt{pgAsyncCommit, nil},
 		pgStmt{pgMarkLock, []any{locks}}, pgStmt{s.q.markPut, []any{put, until}})
 	return err
 }
@@ -262,7 +264,7 @@ func (s *PostgresStore) markExec(ctx context.Context, sql string, args ...any) e
 		return err
 	}
 	defer conn.Release()
-	_, err = send(ctx, conn.Conn(), false, pgStmt{pgAsyncCommit, nil}, pgStmt{sql, args})
+	_, err = send(ctx, conn.Conn(), pgStmt{pgAsyncCommit, nil}, pgStmt{sql, args})
 	return err
 }
 
