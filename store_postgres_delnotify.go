@@ -39,7 +39,7 @@ func (s *PostgresStore) MetaDeleteNotify(ctx context.Context, key, expected, wak
 	err := s.do(ctx, "MetaDeleteNotify", key, true, func(c *pgx.Conn) error {
 		// As for MetaCASNotify: the pin takes wakeKey's lock, shared, so
 		// that a mark committing meanwhile is seen or sees the delete.
-		res, err := send(ctx, c, false, pgStmt{pgPinNotify, []any{pgMarkLockKey(s.channel, wakeKey)}}, del)
+		res, err := send(ctx, c, pgStmt{pgPinNotify, []any{pgMarkLockKey(s.channel, wakeKey)}}, del)
 		if err == nil {
 			n = res[1].CommandTag.RowsAffected()
 		}

@@ -94,6 +94,10 @@ func writeEveryKind(t *testing.T, s *runlease.PostgresStore) map[string]string {
 	ok, err := s.MetaDelete(ctx, "doomed", "x")
 	require.NoError(t, err)
 	require.True(t, ok)
+	require.True(t, mustCAS(t, s, "rung", nil, "r"))
+	ok, err = s.MetaDeleteNotify(ctx, "rung", "r", "bell")
+	require.NoError(t, err)
+	require.True(t, ok)
 	ok, err = s.MetaCASNotify(ctx, "notified", nil, "n")
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -122,7 +126,7 @@ func writeEveryKind(t *testing.T, s *runlease.PostgresStore) map[string]string {
 	require.NoError(t, err)
 	require.Equal(t, []bool{true}, swapped)
 	return map[string]string{
-		"fence": "", "doomed": "", "notified": "n2", "batched": "b2",
+		"fence": "", "doomed": "", "rung": "", "notified": "n2", "batched": "b2",
 		"fenced0": "2", "fenced1": "2", "fenced1/a": "a", "fenced2": "2", "fenced2/a": "a", "fenced2/b": "b",
 		"many": "m2",
 	}

@@ -27,7 +27,7 @@ func (s *PostgresStore) MetaScanMany(ctx context.Context, prefixes []string) ([]
 	}
 	out := make([][]Row, len(prefixes))
 	err := s.do(ctx, "MetaScanMany", prefixes[0], false, func(c *pgx.Conn) error {
-		res, err := send(ctx, c, false, stmts...)
+		res, err := send(ctx, c, stmts...)
 		if err != nil {
 			return err
 		}
