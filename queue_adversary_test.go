@@ -84,9 +84,9 @@ func TestQueueAdversaryPlainStorePartialEntryWriteSurvivesCancel(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	// The waiter's writes: entry a, mark a, entry b. The third is refused
+	// The waiter's writes: entry a, then entry b. The second is refused
 	// (its condition no longer holds) and the caller gives up meanwhile.
-	f.Next(testkit.Fault{Apply: true}, testkit.Fault{Apply: true}, testkit.Fault{Apply: false, Then: cancel})
+	f.Next(testkit.Fault{Apply: true}, testkit.Fault{Apply: false, Then: cancel})
 	_, err = runlease.ClaimSlotsWait(ctx, s, "r", []runlease.Scope{a, b}, runlease.WithWaitPoll(runlease.MinWaitPoll))
 	require.Same(t, context.Canceled, err)
 
