@@ -46,7 +46,7 @@ func TestQueueAdversaryCancelledWaitersOfOnePrincipalLeaveNoMark(t *testing.T) {
 		scopes := []runlease.Scope{runlease.MemScope(1)}
 		_, err := runlease.ClaimSlots(t.Context(), s, "holder", scopes)
 		require.NoError(t, err)
-		before := rows(t, s)
+		before := libRows(t, s)
 
 		ctx1, cancel1 := context.WithCancel(t.Context())
 		defer cancel1()
@@ -63,7 +63,7 @@ func TestQueueAdversaryCancelledWaitersOfOnePrincipalLeaveNoMark(t *testing.T) {
 		require.Same(t, context.Canceled, waitErr(t, d2))
 
 		assert.Empty(t, queueRows(t, s))
-		assert.Equal(t, before, rows(t, s), "two cancelled waits left a row behind")
+		assert.Equal(t, before, libRows(t, s), "two cancelled waits left a row behind")
 	})
 }
 
@@ -80,7 +80,7 @@ func TestQueueAdversaryPlainStorePartialEntryWriteSurvivesCancel(t *testing.T) {
 	a, b := runlease.NamedScope("a", 1), runlease.NamedScope("b", 1)
 	_, err := runlease.ClaimSlots(t.Context(), base, "holder", []runlease.Scope{a, b}, runlease.WithTTL(time.Hour))
 	require.NoError(t, err)
-	before := rows(t, base)
+	before := libRows(t, base)
 
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -91,7 +91,7 @@ func TestQueueAdversaryPlainStorePartialEntryWriteSurvivesCancel(t *testing.T) {
 	require.Same(t, context.Canceled, err)
 
 	assert.Empty(t, queueRows(t, base), "the cancelled waiter's entry is left in the queue")
-	assert.Equal(t, before, rows(t, base))
+	assert.Equal(t, before, libRows(t, base))
 
 	// And it holds others back: a plain claim of a, once a's slot is free,
 	// is refused for the sake of a waiter that is gone.

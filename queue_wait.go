@@ -99,18 +99,9 @@ func ClaimSlotsWait(ctx context.Context, store Store, runID string, scopes []Sco
 // [WithPriority], [WithFairShare] and [WithWaitPoll]. A waiter of a newer
 // driver of the run (a higher fence) takes the place of an older one's.
 func (l *Lease) ClaimSlotsWait(ctx context.Context, scopes []Scope, opts ...Option) (*Slots, error) {
-	o, err := l.claimOptions(opts, optsRank|optPoll, "Lease.ClaimSlotsWait")
+	o, err := l.claimStart(opts, optsRank|optPoll, "Lease.ClaimSlotsWait")
 	if err != nil {
 		return nil, err
-	}
-	l.mu.Lock()
-	lost, releasing := l.lost, l.releasing
-	l.mu.Unlock()
-	switch {
-	case lost != nil:
-		return nil, lost
-	case releasing:
-		return nil, l.errReleasing()
 	}
 	s := newSlots(l.store, l.runID, o)
 	if _, ok := l.store.(Batcher); !ok {

@@ -69,18 +69,9 @@ func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, 
 // ranks among the scopes' waiters ([ClaimSlotsWait]): it is refused while
 // waiters ranked ahead of it would not fit beside it.
 func (l *Lease) ClaimSlots(ctx context.Context, scopes []Scope, opts ...Option) (*Slots, error) {
-	o, err := l.claimOptions(opts, optsRank, "Lease.ClaimSlots")
+	o, err := l.claimStart(opts, optsRank, "Lease.ClaimSlots")
 	if err != nil {
 		return nil, err
-	}
-	l.mu.Lock()
-	lost, releasing := l.lost, l.releasing
-	l.mu.Unlock()
-	switch {
-	case lost != nil:
-		return nil, lost
-	case releasing:
-		return nil, l.errReleasing()
 	}
 	if _, ok := l.store.(Batcher); ok && len(scopes) > 0 {
 		return l.claimFenced(ctx, scopes, o)
@@ -88,9 +79,10 @@ func (l *Lease) ClaimSlots(ctx context.Context, scopes []Scope, opts ...Option) 
 	return claimSlots(ctx, l.store, l.runID, scopes, o)
 }
 
-// claimOptions is the lease's options for a claim of slots, with those of
-// opts that fn takes (allowed) in place of the lease's own.
-func (l *Lease) claimOptions(opts []Option, allowed optionSet, fn string) (options, error) {
+// claimStart returns the lease's options for a claim of slots, with those
+// of opts that fn takes (allowed) in place of the lease's own, or the
+// lease's loss: a lease that is lost or being released claims nothing.
+func (l *Lease) claimStart(opts []Option, allowed optionSet, fn string) (options, error) {
 	var given options
 	for _, opt := range opts {
 		if opt != nil {
@@ -108,6 +100,15 @@ func (l *Lease) claimOptions(opts []Option, allowed optionSet, fn string) (optio
 	}
 	if err := o.checkRank(); err != nil {
 		return options{}, err
+	}
+	l.mu.Lock()
+	lost, releasing := l.lost, l.releasing
+	l.mu.Unlock()
+	switch {
+	case lost != nil:
+		return options{}, lost
+	case releasing:
+		return options{}, l.errReleasing()
 	}
 	return o, nil
 }

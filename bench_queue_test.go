@@ -1,0 +1,185 @@
+package runlease_test
+
+// Benchmarks of the admission queue (see BENCHMARKS.md "## Admission
+// queue"):
+//
+//   - BenchmarkQueueAdmission: a release by one node until the waiter of
+//     another node (a second pool on the same table, on Postgres; the same
+//     store on SQLite) returns from ClaimSlotsWait, woken by the store's
+//     notification, with the poll set to an hour so that only the wake-up
+//     can admit it. Reports p50-us and p99-us of that latency.
+//   - BenchmarkQueueClaim: ClaimSlots+Release of one slot of a scope whose
+//     queue holds n live entries of lower priority (they rank behind the
+//     claim, so it is admitted), at n = 0, 1, 100 and 10,000: round trips
+//     per cycle and the ratio of its rate to the same cycle with n = 0, in
+//     the same run.
+//   - BenchmarkQueueWakeRead: the read a woken waiter makes (one scope:
+//     its slots, queue and marks in one call), at the same lengths, with
+//     its round trips and its ratio to n = 0.
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/benchkit"
+)
+
+var queueLengths = []int{0, 1, 100, 10_000}
+
+func BenchmarkQueueAdmission(b *testing.B) {
+	forEachStore(b, func(b *testing.B, env *benchkit.Env) {
+		ctx := b.Context()
+		waiterStore := env.Store
+		if env.Kind == "postgres" {
+			peer, err := env.Peer(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			waiterStore = peer
+		}
+		scope := []runlease.Scope{runlease.NamedScope("bench-admit-"+strconv.FormatInt(env.Seq(), 10), 1)}
+		lat := make([]time.Duration, 0, b.N)
+		trips := env.Trips()
+		b.ResetTimer()
+		for i := range b.N {
+			held, err := runlease.ClaimSlots(ctx, env.Store, "holder", scope)
+			if err != nil {
+				b.Fatal(err)
+			}
+			admitted := make(chan time.Time, 1)
+			errs := make(chan error, 1)
+			go func() {
+				sl, err := runlease.ClaimSlotsWait(ctx, waiterStore, "waiter-"+strconv.Itoa(i), scope,
+					runlease.WithWaitPoll(time.Hour))
+				if err != nil {
+					errs <- err
+					return
+				}
+				admitted <- time.Now()
+				errs <- sl.Release(ctx)
+			}()
+			if err := awaitEntries(ctx, env.Store, 1); err != nil {
+				b.Fatal(err)
+			}
+			t0 := time.Now()
+			if err := held.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+			select {
+			case t1 := <-admitted:
+				lat = append(lat, t1.Sub(t0))
+			case err := <-errs:
+				b.Fatal(err)
+			}
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StopTimer()
+		slices.Sort(lat)
+		b.ReportMetric(us(lat[len(lat)/2]), "p50-us")
+		b.ReportMetric(us(lat[min(len(lat)-1, len(lat)*99/100)]), "p99-us")
+		b.ReportMetric(float64(env.Trips()-trips)/float64(b.N), "trips/cycle")
+	})
+}
+
+// awaitEntries waits until the queues hold n rows.
+func awaitEntries(ctx context.Context, s runlease.Store, n int) error {
+	for {
+		rows, err := s.MetaScan(ctx, runlease.QueuePrefix)
+		if err != nil {
+			return err
+		}
+		if len(rows) == n {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// fillQueue writes n live entries of priority -1 into scope's queue, as
+// waiters in other processes would.
+func fillQueue(b *testing.B, s runlease.Store, scope string, n int) {
+	b.Helper()
+	now := time.Now().UnixMilli()
+	var ops []runlease.Op
+	flush := func() {
+		if len(ops) == 0 {
+			return
+		}
+		ok, err := s.(runlease.Batcher).MetaBatch(b.Context(), nil, ops)
+		if err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+		ops = ops[:0]
+	}
+	for i := range n {
+		run := "queued-" + strconv.Itoa(i)
+		v := fmt.Sprintf(`{"run":%q,"waiter":"w%d","fence":0,"seq":1,"principal":"p%d","weight":1,"priority":-1,"units":1,"tag":%d,"enq_ms":%d,"until_ms":%d,"scopes":[%q]}`,
+			run, i, i%10, i*100_000, now, now+3_600_000, scope)
+		ops = append(ops, runlease.Put(runlease.QueuePrefix+strconv.Itoa(len(scope))+":"+scope+":"+run, v))
+		if len(ops) == runlease.MaxBatch {
+			flush()
+		}
+	}
+	flush()
+}
+
+func BenchmarkQueueClaim(b *testing.B) {
+	benchQueueLengths(b, "cycle", func(ctx context.Context, env *benchkit.Env, scope []runlease.Scope) error {
+		sl, err := runlease.ClaimSlots(ctx, env.Store, "claimant", scope)
+		if err != nil {
+			return err
+		}
+		return sl.Release(ctx)
+	})
+}
+
+func BenchmarkQueueWakeRead(b *testing.B) {
+	benchQueueLengths(b, "read", func(ctx context.Context, env *benchkit.Env, scope []runlease.Scope) error {
+		_, err := runlease.ExplainSlots(ctx, env.Store, "woken", scope)
+		return err
+	})
+}
+
+// benchQueueLengths runs op on a scope of limit 1 whose queue holds each
+// of queueLengths live entries ranked behind it, reporting its rate, round
+// trips and ratio to the empty queue of the same run, per unit.
+func benchQueueLengths(b *testing.B, unit string, op func(context.Context, *benchkit.Env, []runlease.Scope) error) {
+	forEachStore(b, func(b *testing.B, env *benchkit.Env) {
+		var base float64
+		for _, n := range queueLengths {
+			b.Run(fmt.Sprintf("queue=%d", n), func(b *testing.B) {
+				name := "bench-queue-" + strconv.FormatInt(env.Seq(), 10)
+				fillQueue(b, env.Store, name, n)
+				scope := []runlease.Scope{runlease.NamedScope(name, 1)}
+				trips := env.Trips()
+				start := time.Now()
+				b.ResetTimer()
+				for range b.N {
+					if err := op(b.Context(), env, scope); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				rate := float64(b.N) / time.Since(start).Seconds()
+				if n == 0 {
+					base = rate
+				}
+				b.ReportMetric(rate, unit+"s/s")
+				b.ReportMetric(float64(env.Trips()-trips)/float64(b.N), "trips/"+unit)
+				if base > 0 {
+					b.ReportMetric(rate/base, "ratio-to-empty")
+				}
+			})
+		}
+	})
+}
