@@ -86,7 +86,7 @@ var (
 	_ runlease.MultiCASer = (*CallCounter)(nil)
 )
 
-// CountCalls wraps s, which must implement Batcher, Notifier and MultiCASer
+// CountCalls wraps s, which must implement Batcher, DeleteNotifier, MultiScanner and MultiCASer
 // (both built-in stores do), and does not implement Clock (the SQLite store
 // does not, and the wrapper would hide it).
 func CountCalls(s runlease.Store) *CallCounter {
@@ -139,4 +139,14 @@ func (c *CallCounter) Subscribe(key string) (<-chan struct{}, func()) {
 func (c *CallCounter) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]bool, error) {
 	c.n.Add(1)
 	return c.Store.(runlease.MultiCASer).MetaCASMany(ctx, writes)
+}
+
+func (c *CallCounter) MetaDeleteNotify(ctx context.Context, key, expected, wakeKey string) (bool, error) {
+	c.n.Add(1)
+	return c.Store.(runlease.DeleteNotifier).MetaDeleteNotify(ctx, key, expected, wakeKey)
+}
+
+func (c *CallCounter) MetaScanMany(ctx context.Context, prefixes []string) ([][]runlease.Row, error) {
+	c.n.Add(1)
+	return c.Store.(runlease.MultiScanner).MetaScanMany(ctx, prefixes)
 }
