@@ -286,7 +286,8 @@ func (w *world) step() {
 	case n < 85 && h.slots == nil:
 		w.claim(h)
 	case n < 85:
-		w.launch("slots renew "+run, 3*time.Second, func(ctx context.Context) { _ = h.slots.Renew(ctx) })
+		sl := h.slots
+		w.launch("slots renew "+run, 3*time.Second, func(ctx context.Context) { _ = sl.Renew(ctx) })
 	case n < 91 && len(h.keepers) > 0:
 		k := h.keepers[w.rng.IntN(len(h.keepers))]
 		w.launch("stop "+run, 0, func(context.Context) { k.Stop() })
@@ -438,14 +439,19 @@ func (w *world) release(h *heldRun) {
 	h.released = true
 	w.mu.Unlock()
 	w.launch("release "+h.run, 3*time.Second, func(ctx context.Context) {
+		// A claim launched before may still set h.slots: read it, and
+		// the keepers, under the lock the claim writes them under.
+		w.mu.Lock()
+		slots, keepers := h.slots, h.keepers
+		w.mu.Unlock()
 		var err error
-		if len(h.keepers) > 0 {
-			err = h.keepers[0].Release(ctx)
+		if len(keepers) > 0 {
+			err = keepers[0].Release(ctx)
 		} else {
 			err = h.lease.Release(ctx)
 		}
-		if h.slots != nil {
-			_ = h.slots.Release(ctx) // a no-op when the keeper released them
+		if slots != nil {
+			_ = slots.Release(ctx) // a no-op when the keeper released them
 		}
 		w.logf("release %s/%s: %v", h.holder, h.run, err)
 		w.checkLoss(h, "Release", err)
