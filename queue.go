@@ -224,6 +224,16 @@ func rankOf(queues [][]queuedRow, marks []map[string]int64, runID, principal str
 	return max(vt, fin)
 }
 
+// rankIn is rankOf over the queues and marks of scopes as read.
+func rankIn(states []*scopeState, runID, principal string, priority int) int64 {
+	queues := make([][]queuedRow, len(states))
+	marks := make([]map[string]int64, len(states))
+	for i, st := range states {
+		queues[i], marks[i] = st.queue, st.marks
+	}
+	return rankOf(queues, marks, runID, principal, priority)
+}
+
 // FairPrefix starts the rows that remember, per scope, where each
 // principal's last queued run ends in fair-share virtual time:
 // runfair:<n>:<scope>:<principal>, with n the scope name's length, holding

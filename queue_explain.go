@@ -76,7 +76,7 @@ func ExplainSlots(ctx context.Context, store Store, runID string, scopes []Scope
 	}
 	states := make([]*scopeState, len(scopes))
 	for i, sc := range scopes {
-		if states[i], err = readScope(ctx, store, sc, runID, o); err != nil {
+		if states[i], err = readScope(ctx, store, sc, runID, o, false); err != nil {
 			return nil, err
 		}
 	}
@@ -91,13 +91,8 @@ func ExplainSlots(ctx context.Context, store Store, runID string, scopes []Scope
 		}
 	}
 	if me == nil {
-		queues := make([][]queuedRow, len(states))
-		marks := make([]map[string]int64, len(states))
-		for i, st := range states {
-			queues[i], marks[i] = st.queue, st.marks
-		}
 		me = &queueEntry{Run: runID, Principal: o.principal, Weight: o.weightOr1(), Priority: o.priority,
-			EnqMS: states[0].nowMS, Tag: rankOf(queues, marks, runID, o.principal, o.priority)}
+			EnqMS: states[0].nowMS, Tag: rankIn(states, runID, o.principal, o.priority)}
 	}
 	ex := &Explanation{RunID: runID, Admissible: true}
 	for i, sc := range scopes {

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"slices"
 	"time"
 )
 
@@ -77,18 +76,24 @@ func ClaimSlotsWait(ctx context.Context, store Store, runID string, scopes []Sco
 	if err := checkName("runID", runID, maxHolderLen); err != nil {
 		return nil, err
 	}
-	b, _ := store.(Batcher)
-	commit := func(ctx context.Context, conds []Cond, ops []Op) error {
-		if b == nil {
+	return waitSlots(ctx, newSlots(store, runID, o), scopes, 0, batchCommit(store))
+}
+
+// batchCommit is the admission of an unfenced wait: one batch, a lost race
+// reported as ErrConditionFailed, and errNoBatch on a store without
+// batches.
+func batchCommit(store Store) func(context.Context, []Cond, []Op) error {
+	b, ok := store.(Batcher)
+	return func(ctx context.Context, conds []Cond, ops []Op) error {
+		if !ok {
 			return errNoBatch
 		}
-		ok, err := batchResolved(ctx, b, store, conds, ops)
-		if err == nil && !ok {
+		swapped, err := batchResolved(ctx, b, store, conds, ops)
+		if err == nil && !swapped {
 			return ErrConditionFailed
 		}
 		return err
 	}
-	return waitSlots(ctx, newSlots(store, runID, o), scopes, 0, commit)
 }
 
 // ClaimSlotsWait is [ClaimSlotsWait] through the run's lease, as
@@ -105,7 +110,7 @@ func (l *Lease) ClaimSlotsWait(ctx context.Context, scopes []Scope, opts ...Opti
 	}
 	s := newSlots(l.store, l.runID, o)
 	if _, ok := l.store.(Batcher); !ok {
-		return waitSlots(ctx, s, scopes, l.Fence(), func(context.Context, []Cond, []Op) error { return errNoBatch })
+		return waitSlots(ctx, s, scopes, l.Fence(), batchCommit(l.store))
 	}
 	commit := func(ctx context.Context, conds []Cond, ops []Op) error {
 		return l.update(ctx, kindWrite, &userBatch{conds: conds, ops: ops})
@@ -241,7 +246,7 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 func (w *waiter) read(ctx context.Context) ([]*scopeState, error) {
 	states := make([]*scopeState, len(w.scopes))
 	for i, sc := range w.scopes {
-		st, err := readScope(ctx, w.s.store, sc, w.s.runID, w.s.o)
+		st, err := readScope(ctx, w.s.store, sc, w.s.runID, w.s.o, true)
 		if err != nil {
 			return nil, err
 		}
@@ -278,12 +283,7 @@ func (w *waiter) rank(states []*scopeState) *queueEntry {
 	if w.queued {
 		return &me
 	}
-	queues := make([][]queuedRow, len(states))
-	marks := make([]map[string]int64, len(states))
-	for i, st := range states {
-		queues[i], marks[i] = st.queue, st.marks
-	}
-	me.Tag = rankOf(queues, marks, w.s.runID, me.Principal, me.Priority)
+	me.Tag = rankIn(states, w.s.runID, me.Principal, me.Priority)
 	me.EnqMS = max(states[0].nowMS, 1)
 	return &me
 }
@@ -314,11 +314,12 @@ func (w *waiter) plan(states []*scopeState, rank *queueEntry) ([][]slotCandidate
 // read and the entries being the waiter's own.
 func (w *waiter) admit(ctx context.Context, states []*scopeState, rank *queueEntry, plans [][]slotCandidate) ([]*heldSlot, error) {
 	conds, ops, held := w.s.claimWrites(w.scopes, plans)
-	if w.queued {
-		for i, sc := range w.scopes {
-			key := queueKey(sc.name, w.s.runID)
-			conds = append(conds, Cond{Key: key, Value: &w.rows[i]})
-			ops = append(ops, Delete(key))
+	for i, sc := range w.scopes {
+		// Every entry of this waiter goes in the same batch: its place
+		// when queued, or one left expired (or half written) from before.
+		key := queueKey(sc.name, w.s.runID)
+		if raw, ok := states[i].entryRows[key]; ok && w.ownsEntry(raw) {
+			conds, ops = append(conds, Cond{Key: key, Value: &raw}), append(ops, Delete(key))
 		}
 	}
 	mconds, mops := w.markWrites(states, rank)
@@ -334,9 +335,6 @@ func (w *waiter) admit(ctx context.Context, states []*scopeState, rank *queueEnt
 		return nil, err
 	}
 	w.pending = nil
-	if !w.queued {
-		w.leave(ctx) // an expired entry of its own, left from before
-	}
 	w.queued = false
 	clear(w.rows)
 	return held, nil
@@ -443,12 +441,10 @@ func (w *waiter) keepPlace(ctx context.Context, states []*scopeState, rank *queu
 		var expected *string
 		if w.queued {
 			expected = &w.rows[i]
-		} else if cur := findAnyEntry(states[i], key); cur != nil {
-			e, _ := decodeEntry(*cur)
-			if e.live(states[i].nowMS) && e.Waiter != w.me.Waiter && e.Fence >= w.fence {
-				return &AlreadyQueuedError{RunID: w.s.runID, Scope: sc.name}
-			}
-			expected = cur
+		} else if raw, ok := states[i].entryRows[key]; ok {
+			// Expired, ours, or an older driver's (aloneInQueue refused
+			// a live one of anyone else): the new place goes over it.
+			expected = &raw
 		}
 		// One entry per scope: the same rank everywhere, and the units
 		// asked of that scope.
@@ -457,18 +453,11 @@ func (w *waiter) keepPlace(ctx context.Context, states []*scopeState, rank *queu
 		rows[i] = e.encode()
 		conds, ops = append(conds, Cond{Key: key, Value: expected}), append(ops, Put(key, rows[i]))
 	}
+	// Some entries may land and others not (a fault, or a store without
+	// batches): leave finds them by the waiter's id.
 	w.wrote = true
-	landed, err := w.putEntries(ctx, conds, ops)
-	if err != nil || slices.Contains(landed, false) {
-		// On a store without batches some entries may have landed:
-		// remember them, so that leaving takes them out. An entry whose
-		// write may have landed is remembered too: a delete of a row
-		// that is not there changes nothing.
-		for i, ok := range landed {
-			if ok || (err != nil && i == len(landed)-1) {
-				w.rows[i] = rows[i]
-			}
-		}
+	ok, err := w.putEntries(ctx, conds, ops)
+	if err != nil || !ok {
 		if w.queued {
 			w.requeued("its entries changed under it")
 		}
@@ -485,39 +474,25 @@ func (w *waiter) keepPlace(ctx context.Context, states []*scopeState, rank *queu
 	return nil
 }
 
-// findAnyEntry returns the raw row at key among the scope's entries, live
-// or not, as the scan found it.
-func findAnyEntry(st *scopeState, key string) *string {
-	if raw, ok := st.entryRows[key]; ok {
-		return &raw
-	}
-	return nil
+// ownsEntry reports whether raw is an entry this waiter wrote.
+func (w *waiter) ownsEntry(raw string) bool {
+	e, err := decodeEntry(raw)
+	return err == nil && e.Waiter == w.me.Waiter
 }
 
 // putEntries writes the entries of every scope, all or nothing on a store
 // with batches, and one by one, stopping at the first that does not land,
-// otherwise. landed says which landed, up to the one that failed, which is
-// the last listed when err is not nil.
-func (w *waiter) putEntries(ctx context.Context, conds []Cond, ops []Op) (landed []bool, err error) {
+// otherwise.
+func (w *waiter) putEntries(ctx context.Context, conds []Cond, ops []Op) (bool, error) {
 	if b, ok := w.s.store.(Batcher); ok {
-		ok, err := batchResolved(ctx, b, w.s.store, conds, ops)
-		if err != nil {
-			return nil, err
-		}
-		landed = make([]bool, len(ops))
-		for i := range landed {
-			landed[i] = ok
-		}
-		return landed, nil
+		return batchResolved(ctx, b, w.s.store, conds, ops)
 	}
 	for i := range ops {
-		ok, err := casResolved(ctx, w.s.store, ops[i].Key, conds[i].Value, ops[i].Value)
-		landed = append(landed, ok && err == nil)
-		if err != nil || !ok {
-			return landed, err
+		if ok, err := casResolved(ctx, w.s.store, ops[i].Key, conds[i].Value, ops[i].Value); err != nil || !ok {
+			return false, err
 		}
 	}
-	return landed, nil
+	return true, nil
 }
 
 // requeued gives up the run's place and says so.
@@ -585,7 +560,7 @@ func (w *waiter) leave(ctx context.Context) {
 		if err != nil || !found {
 			continue
 		}
-		if e, err := decodeEntry(cur); err == nil && e.Waiter == w.me.Waiter {
+		if w.ownsEntry(cur) {
 			_, _ = deleteRinging(ctx, w.s.store, key, cur, sc.name)
 		}
 	}
