@@ -376,12 +376,33 @@ type scopeState struct {
 
 // readScope scans one scope's slots and queue. A row that does not parse
 // fails the read with a [*CorruptRowError]; nothing is ever written over it.
-func readScope(ctx context.Context, store Store, sc Scope, runID string, o options) (*scopeState, error) {
-	all, err := scanMany(ctx, store, sc.prefix(), queueScopePrefix(sc.name), fairScopePrefix(sc.name))
-	if err != nil {
-		return nil, err
+//
+// The fair-share marks rank a claim only against live waiters, so a claim
+// that does not queue (marks false) on a store without [MultiScanner]
+// reads them only when the queue is not empty: a plain claim there costs
+// two scans, not three. A waiter always reads them (marks true): its place
+// starts where they say even in an empty queue.
+func readScope(ctx context.Context, store Store, sc Scope, runID string, o options, marks bool) (*scopeState, error) {
+	var rows, qrows, mrows []Row
+	var err error
+	if _, many := store.(MultiScanner); many || marks {
+		all, err := scanMany(ctx, store, sc.prefix(), queueScopePrefix(sc.name), fairScopePrefix(sc.name))
+		if err != nil {
+			return nil, err
+		}
+		rows, qrows, mrows = all[0], all[1], all[2]
+	} else {
+		all, err := scanMany(ctx, store, sc.prefix(), queueScopePrefix(sc.name))
+		if err != nil {
+			return nil, err
+		}
+		rows, qrows = all[0], all[1]
+		if len(qrows) > 0 {
+			if mrows, err = store.MetaScan(ctx, fairScopePrefix(sc.name)); err != nil {
+				return nil, err
+			}
+		}
 	}
-	rows, qrows, mrows := all[0], all[1], all[2]
 	now := o.nowMS()
 	st := &scopeState{nowMS: now, taken: make(map[int]takenSlot, len(rows)), holders: map[string]int{},
 		entryRows: make(map[string]string, len(qrows))}
@@ -445,7 +466,7 @@ func (s *Slots) claimRank(sc Scope, st *scopeState) *queueEntry {
 // above the limit (left by a host with a higher limit) count as held, so a
 // lowered limit drains.
 func (s *Slots) plan(ctx context.Context, sc Scope, me *queueEntry) ([]slotCandidate, error) {
-	st, err := readScope(ctx, s.store, sc, s.runID, s.o)
+	st, err := readScope(ctx, s.store, sc, s.runID, s.o, false)
 	if err != nil {
 		return nil, err
 	}
