@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -344,50 +345,114 @@ func TestADeadWaitersPlaceExpires(t *testing.T) {
 
 func TestAStalledWaiterQueuesAgainAtTheBack(t *testing.T) {
 	t.Parallel()
-	s, clk := newSQLite(t), testkit.NewClock(epoch)
-	requeued := make(chan runlease.RequeueEvent, 4)
-	opts := []runlease.Option{runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now),
-		runlease.WithWaitPoll(runlease.MinWaitPoll),
-		runlease.WithHooks(runlease.Hooks{SlotsRequeued: func(e runlease.RequeueEvent) { requeued <- e }})}
-	scopes := []runlease.Scope{runlease.MemScope(1)}
-	held, err := runlease.ClaimSlots(t.Context(), s, "x", scopes, runlease.WithTTL(time.Hour), runlease.WithClock(clk.Now))
-	require.NoError(t, err)
+	synctest.Test(t, func(t *testing.T) {
+		s, clk := bubbleStore(t), testkit.NewClock(epoch)
+		requeued := make(chan runlease.RequeueEvent, 4)
+		opts := []runlease.Option{runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now),
+			runlease.WithHooks(runlease.Hooks{SlotsRequeued: func(e runlease.RequeueEvent) { requeued <- e }})}
+		scopes := []runlease.Scope{runlease.MemScope(1)}
+		_, err := runlease.ClaimSlots(t.Context(), s, "x", scopes, runlease.WithTTL(time.Hour), runlease.WithClock(clk.Now))
+		require.NoError(t, err)
 
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	// The first waiter looks again only when its entry is due for renewal
-	// (a third of the TTL), as a paused process would.
-	go func() {
-		_, _ = runlease.ClaimSlotsWait(ctx, s, "first", scopes, append(opts, runlease.WithWaitPoll(time.Hour))...)
-	}()
-	awaitQueued(t, s, 1)
-	first := queueRows(t, s)[0].Value
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		// The first waiter looks again only when its entry is due for
+		// renewal (a third of the TTL), as a paused process would.
+		go func() {
+			_, _ = runlease.ClaimSlotsWait(ctx, s, "first", scopes, append(opts, runlease.WithWaitPoll(time.Hour))...)
+		}()
+		synctest.Wait()
+		require.Len(t, queueRows(t, s), 1)
+		first := queueRows(t, s)[0].Value
 
-	// Its entry expires on the store's clock as if its process had
-	// paused; another run queues meanwhile and is now ahead.
-	clk.Advance(6 * time.Second)
-	go func() { _, _ = runlease.ClaimSlotsWait(ctx, s, "second", scopes, opts...) }()
-	require.Eventually(t, func() bool {
+		// Its entry expires on the store's clock as if its process had
+		// paused; another run queues meanwhile and is now ahead.
+		clk.Advance(6 * time.Second)
+		go func() {
+			_, _ = runlease.ClaimSlotsWait(ctx, s, "second", scopes, append(opts, runlease.WithWaitPoll(time.Hour))...)
+		}()
+		synctest.Wait()
 		_, found, err := s.MetaGet(ctx, "runqueue:3:mem:second")
-		return err == nil && found
-	}, 20*time.Second, time.Millisecond)
-	select {
-	case e := <-requeued:
+		require.NoError(t, err)
+		require.True(t, found)
+		time.Sleep(runlease.MinTTL / 3) // the first waiter's renewal is due
+		synctest.Wait()
+		require.Len(t, requeued, 1, "the stalled waiter is told it lost its place")
+		e := <-requeued
 		assert.Equal(t, "first", e.RunID)
 		assert.Equal(t, []string{"mem"}, e.Scopes)
-	case <-time.After(20 * time.Second):
-		t.Fatal("the stalled waiter was not told it lost its place")
-	}
-	require.Eventually(t, func() bool {
 		r := queueRows(t, s)
-		return len(r) == 2 && r[0].Value != first
-	}, 20*time.Second, time.Millisecond)
-	var a, b map[string]any
-	r := queueRows(t, s)
-	require.NoError(t, json.Unmarshal([]byte(r[0].Value), &a)) // first
-	require.NoError(t, json.Unmarshal([]byte(r[1].Value), &b)) // second
-	assert.Greater(t, a["tag"], b["tag"], "it queued again behind the run that came meanwhile")
-	_ = held
+		require.Len(t, r, 2)
+		assert.NotEqual(t, first, r[0].Value)
+		var a, b map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r[0].Value), &a)) // first
+		require.NoError(t, json.Unmarshal([]byte(r[1].Value), &b)) // second
+		assert.Greater(t, a["tag"], b["tag"], "it queued again behind the run that came meanwhile")
+		cancel()
+		synctest.Wait()
+	})
+}
+
+// gatedStore is a SQLite store whose reads can be held up, as a process
+// paused mid-wait is.
+type gatedStore struct {
+	*runlease.SQLiteStore
+	mu   sync.Mutex
+	gate chan struct{} // nil: reads pass
+}
+
+func (g *gatedStore) hold() { g.mu.Lock(); g.gate = make(chan struct{}); g.mu.Unlock() }
+
+func (g *gatedStore) open() { g.mu.Lock(); close(g.gate); g.gate = nil; g.mu.Unlock() }
+
+func (g *gatedStore) MetaScanMany(ctx context.Context, prefixes []string) ([][]runlease.Row, error) {
+	g.mu.Lock()
+	gate := g.gate
+	g.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	return g.SQLiteStore.MetaScanMany(ctx, prefixes)
+}
+
+func TestAWaiterStalledPastItsTTLGivesUpAPlaceTheStoreStillShows(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		// The store's clock stands still, so the entry looks live to
+		// everyone; the waiter's own clock says it went unrenewed for
+		// longer than its TTL less the margin, so others may have judged
+		// it expired meanwhile: it must not renew the place as if nothing
+		// happened.
+		g, clk := &gatedStore{SQLiteStore: bubbleStore(t)}, testkit.NewClock(epoch)
+		requeued := make(chan runlease.RequeueEvent, 4)
+		scopes := []runlease.Scope{runlease.MemScope(1)}
+		_, err := runlease.ClaimSlots(t.Context(), g, "x", scopes, runlease.WithTTL(time.Hour), runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go func() {
+			_, _ = runlease.ClaimSlotsWait(ctx, g, "r", scopes, runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now),
+				runlease.WithWaitPoll(time.Hour),
+				runlease.WithHooks(runlease.Hooks{SlotsRequeued: func(e runlease.RequeueEvent) { requeued <- e }}))
+		}()
+		synctest.Wait()
+		placed := get(t, g, "runqueue:3:mem:r")
+
+		g.hold()
+		time.Sleep(runlease.MinTTL + time.Second) // its renewal read hangs meanwhile
+		g.open()
+		synctest.Wait()
+		require.Len(t, requeued, 1)
+		e := <-requeued
+		assert.Equal(t, "the waiter stalled past its TTL", e.Reason)
+		var was, now map[string]any
+		require.NoError(t, json.Unmarshal([]byte(placed), &was))
+		require.NoError(t, json.Unmarshal([]byte(get(t, g, "runqueue:3:mem:r")), &now))
+		assert.Equal(t, was["waiter"], now["waiter"], "the same waiter")
+		assert.Greater(t, now["seq"], was["seq"], "wrote a new place")
+		cancel()
+		synctest.Wait()
+	})
 }
 
 func TestASecondWaiterOfOneRunIsRefused(t *testing.T) {
@@ -611,4 +676,29 @@ func TestExplainSlotsSaysWhyARunWaits(t *testing.T) {
 		assert.Equal(t, before, libRows(t, s), "explaining writes nothing")
 		require.NoError(t, holder.Release(t.Context()))
 	})
+}
+
+func TestAPlainClaimOnAPlainStoreReadsTheMarksOnlyWhenSomeoneWaits(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	c := &testkit.Counting{Store: s} // no MultiScanner: one scan per prefix
+	mem := []runlease.Scope{runlease.MemScope(1)}
+	sl, err := runlease.ClaimSlots(t.Context(), c, "first", mem)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), c.Scans.Load(), "slots and queue; nobody waits, so no marks")
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() { _, _ = runlease.ClaimSlotsWait(ctx, s, "waiter", mem) }()
+	awaitQueued(t, s, 1)
+	require.NoError(t, sl.Release(t.Context()))
+	require.Eventually(t, func() bool { return len(queueRows(t, s)) == 0 }, 20*time.Second, time.Millisecond)
+
+	// The waiter holds the slot now; queue another behind it and claim.
+	go func() { _, _ = runlease.ClaimSlotsWait(ctx, s, "second", mem) }()
+	awaitQueued(t, s, 1)
+	c.Reset()
+	_, err = runlease.ClaimSlots(t.Context(), c, "plain", mem)
+	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit)
+	assert.Equal(t, int64(3), c.Scans.Load(), "slots, queue, and the marks that rank it against the waiter")
 }
