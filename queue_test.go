@@ -174,47 +174,54 @@ func TestWaitersAreAdmittedByFairShareThenInQueueOrder(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			s := newSQLite(t)
-			scopes := []runlease.Scope{runlease.MemScope(1)}
-			held, err := runlease.ClaimSlots(t.Context(), s, "x", scopes)
-			require.NoError(t, err)
-			var wg sync.WaitGroup
-			var got admissions
-			queued := 0
 			// Principal a queues five runs first, then b three: b's first
 			// run must not wait behind all of a's.
+			var runs []queuedRun
 			for i := 1; i <= 5; i++ {
-				waitAndRelease(t, &wg, s, "a"+strconv.Itoa(i), scopes, &got, runlease.WithFairShare("a", 1))
-				queued++
-				awaitQueued(t, s, queued)
+				runs = append(runs, queuedRun{"a" + strconv.Itoa(i), []runlease.Option{runlease.WithFairShare("a", 1)}})
 			}
 			for i := 1; i <= 3; i++ {
-				waitAndRelease(t, &wg, s, "b"+strconv.Itoa(i), scopes, &got, runlease.WithFairShare("b", tc.weightB))
-				queued++
-				awaitQueued(t, s, queued)
+				runs = append(runs, queuedRun{"b" + strconv.Itoa(i), []runlease.Option{runlease.WithFairShare("b", tc.weightB)}})
 			}
-			require.NoError(t, held.Release(t.Context()))
-			wg.Wait()
-			assert.Equal(t, tc.want, got.get())
+			assert.Equal(t, tc.want, admissionOrder(t, runs))
 		})
 	}
 }
 
 func TestHigherPriorityIsAdmittedFirst(t *testing.T) {
 	t.Parallel()
+	var runs []queuedRun
+	for i, p := range []int{0, 0, 5, -1, 5} {
+		runs = append(runs, queuedRun{"r" + strconv.Itoa(i) + "p" + strconv.Itoa(p), []runlease.Option{runlease.WithPriority(p)}})
+	}
+	assert.Equal(t, []string{"r2p5", "r4p5", "r0p0", "r1p0", "r3p-1"}, admissionOrder(t, runs))
+}
+
+// queuedRun is a run that queues, and the options it claims with.
+type queuedRun struct {
+	run  string
+	opts []runlease.Option
+}
+
+// admissionOrder queues runs one after another on the only slot of a
+// scope that another run holds, each once the one before is in the queue,
+// then releases the slot and returns the order in which they were
+// admitted (each releases at once, letting the next in).
+func admissionOrder(t *testing.T, runs []queuedRun) []string {
+	t.Helper()
 	s := newSQLite(t)
 	scopes := []runlease.Scope{runlease.MemScope(1)}
 	held, err := runlease.ClaimSlots(t.Context(), s, "x", scopes)
 	require.NoError(t, err)
 	var wg sync.WaitGroup
 	var got admissions
-	for i, p := range []int{0, 0, 5, -1, 5} {
-		waitAndRelease(t, &wg, s, "r"+strconv.Itoa(i)+"p"+strconv.Itoa(p), scopes, &got, runlease.WithPriority(p))
+	for i, r := range runs {
+		waitAndRelease(t, &wg, s, r.run, scopes, &got, r.opts...)
 		awaitQueued(t, s, i+1)
 	}
 	require.NoError(t, held.Release(t.Context()))
 	wg.Wait()
-	assert.Equal(t, []string{"r2p5", "r4p5", "r0p0", "r1p0", "r3p-1"}, got.get())
+	return got.get()
 }
 
 func TestAPlainClaimDoesNotJumpTheQueue(t *testing.T) {
