@@ -148,21 +148,33 @@ func forceCAS(ctx context.Context, store Store, key, row, tomb string) (bool, er
 type Pruned struct {
 	Leases []string // run ids whose lease rows were removed
 	Slots  []string // keys of the slot rows removed
+	// Queue holds the keys of the admission-queue rows removed: entries
+	// left by waiters that died or stalled ([QueuePrefix]) and fair-share
+	// marks ([FairPrefix]) that lapsed.
+	Queue []string
 }
 
-// add records the row at key under Leases or Slots.
+// add records the row at key under Leases, Slots or Queue.
 func (p *Pruned) add(key string) {
 	if id, ok := strings.CutPrefix(key, LeasePrefix); ok {
 		p.Leases = append(p.Leases, id)
-	} else {
+	} else if strings.HasPrefix(key, SlotPrefix) {
 		p.Slots = append(p.Slots, key)
+	} else {
+		p.Queue = append(p.Queue, key)
 	}
 }
 
-// Prune removes lease rows that were released or expired, and slot rows that
-// expired, before now - olderThan. Each delete is conditional on the row
-// read, so a lease taken meanwhile is never removed. Live leases and rows
-// that do not parse are never removed.
+// Len is the number of rows p lists.
+func (p Pruned) Len() int { return len(p.Leases) + len(p.Slots) + len(p.Queue) }
+
+// Prune removes lease rows that were released or expired, and slot rows,
+// queue entries and fair-share marks that expired, before now - olderThan.
+// Each delete is conditional on the row read, so a lease taken meanwhile,
+// or a queue entry its waiter renewed, is never removed. Live rows and rows
+// that do not parse are never removed. An expired queue entry already holds
+// no place: its waiter, if it still runs, re-queues at the back whether or
+// not the row is there.
 //
 // Pruning resets history: a released lease row keeps its run's fence, and a
 // run id whose row was pruned starts again at fence 1 if it is ever
@@ -201,8 +213,8 @@ func PruneCandidates(ctx context.Context, store Store, olderThan time.Duration, 
 	return p, err
 }
 
-// prunable calls visit with every lease and slot row that Prune removes:
-// rows that parse, hold no live lease, and expired before now - olderThan.
+// prunable calls visit with every row that Prune removes: rows that parse,
+// hold no live lease, and expired before now - olderThan.
 func prunable(ctx context.Context, store Store, olderThan time.Duration, opts []Option, visit func(Row)) error {
 	o, err := buildOptions(store, opts, optsRead, "Prune")
 	if err != nil {
@@ -211,19 +223,33 @@ func prunable(ctx context.Context, store Store, olderThan time.Duration, opts []
 	if olderThan < 0 {
 		return invalidArg("olderThan", "negative: %v", olderThan)
 	}
+	// horizon <= now, so a row that ended before it holds nothing live.
 	horizon := o.nowMS() - olderThan.Milliseconds()
-	for _, prefix := range []string{LeasePrefix, SlotPrefix} {
+	for _, prefix := range []string{LeasePrefix, SlotPrefix, QueuePrefix, FairPrefix} {
 		rows, err := store.MetaScan(ctx, prefix)
 		if err != nil {
 			return err
 		}
 		for _, r := range rows {
-			row, err := decodeRow(r.Value)
-			if err != nil || row.UntilMS >= horizon || (row.Holder != "" && row.UntilMS > o.nowMS()) {
-				continue
+			if until, ok := endOf(prefix, r.Value); ok && until < horizon {
+				visit(r)
 			}
-			visit(r)
 		}
 	}
 	return nil
+}
+
+// endOf is when the row under prefix stops counting (its until_ms), and
+// false when the row does not parse.
+func endOf(prefix, value string) (int64, bool) {
+	switch prefix {
+	case QueuePrefix:
+		e, err := decodeEntry(value)
+		return e.UntilMS, err == nil
+	case FairPrefix:
+		m, err := decodeMark(value)
+		return m.UntilMS, err == nil
+	}
+	row, err := decodeRow(value)
+	return row.UntilMS, err == nil
 }

@@ -1,6 +1,9 @@
 package runlease_test
 
 import (
+	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -265,4 +268,98 @@ func TestPruneCandidatesListWhatPruneRemovesAndRemoveNothing(t *testing.T) {
 	got, err := runlease.Prune(t.Context(), s, time.Hour, runlease.WithClock(clk.Now))
 	require.NoError(t, err)
 	assert.Equal(t, want, got)
+}
+
+func TestPruneRemovesQueueRowsOfGoneWaiters(t *testing.T) {
+	t.Parallel()
+	s, clk := newSQLite(t), testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithTTL(time.Minute), runlease.WithClock(clk.Now)}
+	scope := []runlease.Scope{runlease.MemScope(1)}
+	// A real wait leaves its principal's fair-share mark behind.
+	held, err := runlease.ClaimSlots(t.Context(), s, "x", scope, opts...)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		slots, err := runlease.ClaimSlotsWait(t.Context(), s, "w", scope,
+			append(opts, runlease.WithFairShare("team", 1), runlease.WithWaitPoll(runlease.MinWaitPoll))...)
+		if err == nil {
+			err = slots.Release(t.Context())
+		}
+		done <- err
+	}()
+	awaitQueued(t, s, 1)
+	require.NoError(t, held.Release(t.Context()))
+	require.NoError(t, <-done)
+	marks, err := s.MetaScan(t.Context(), runlease.FairPrefix)
+	require.NoError(t, err)
+	require.Len(t, marks, 1)
+
+	entry := func(run string, until time.Time) string {
+		return `{"run":"` + run + `","waiter":"w-` + run + `","fence":0,"seq":1,"principal":"","weight":1,"priority":0,"units":1,"tag":0,"enq_ms":` +
+			strconv.FormatInt(epoch.UnixMilli(), 10) + `,"until_ms":` + strconv.FormatInt(until.UnixMilli(), 10) + `,"scopes":["mem"]}`
+	}
+	put(t, s, "runqueue:3:mem:dead", entry("dead", epoch.Add(time.Minute)))
+	put(t, s, "runqueue:3:mem:corrupt", `{"run":"corrupt"`)
+	put(t, s, "runfair:3:mem:bad", `{"finish":-1,"until_ms":1}`)
+	clk.Advance(2 * time.Hour)
+	put(t, s, "runqueue:3:mem:recent", entry("recent", clk.Now().Add(-time.Minute)))
+	put(t, s, "runqueue:3:mem:live", entry("live", clk.Now().Add(time.Minute)))
+	before := rows(t, s)
+
+	want, err := runlease.PruneCandidates(t.Context(), s, time.Hour, runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"runqueue:3:mem:dead", marks[0].Key}, want.Queue)
+	assert.Equal(t, before, rows(t, s), "candidates remove nothing")
+
+	got, err := runlease.Prune(t.Context(), s, time.Hour, runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	assert.Equal(t, want.Queue, got.Queue)
+	left, err := s.MetaScan(t.Context(), runlease.QueuePrefix)
+	require.NoError(t, err)
+	var keys []string
+	for _, r := range left {
+		keys = append(keys, r.Key)
+	}
+	assert.Equal(t, []string{"runqueue:3:mem:corrupt", "runqueue:3:mem:live", "runqueue:3:mem:recent"}, keys,
+		"live, recent and corrupt entries stay")
+	assert.Equal(t, `{"finish":-1,"until_ms":1}`, get(t, s, "runfair:3:mem:bad"), "a corrupt mark stays")
+}
+
+func TestPruneLeavesAQueueEntryItsWaiterRenewed(t *testing.T) {
+	t.Parallel()
+	s, clk := newSQLite(t), testkit.NewClock(epoch)
+	old := `{"run":"r","waiter":"w","fence":0,"seq":1,"principal":"","weight":1,"priority":0,"units":1,"tag":0,"enq_ms":1,"until_ms":` +
+		strconv.FormatInt(epoch.UnixMilli(), 10) + `,"scopes":["mem"]}`
+	put(t, s, "runqueue:3:mem:r", old)
+	clk.Advance(2 * time.Hour)
+	want, err := runlease.PruneCandidates(t.Context(), s, time.Hour, runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	require.Equal(t, []string{"runqueue:3:mem:r"}, want.Queue)
+	// The waiter renews between the listing and the delete: the delete is
+	// conditional on the row listed, so the renewed entry stays.
+	renewed := strings.Replace(strings.Replace(old, `"seq":1`, `"seq":2`, 1),
+		strconv.FormatInt(epoch.UnixMilli(), 10), strconv.FormatInt(clk.Now().Add(time.Minute).UnixMilli(), 10), 1)
+	s2 := &renewBeforeDelete{Store: s, key: "runqueue:3:mem:r", row: renewed}
+	got, err := runlease.Prune(t.Context(), s2, time.Hour, runlease.WithClock(clk.Now))
+	require.NoError(t, err)
+	assert.Empty(t, got.Queue)
+	assert.Equal(t, renewed, get(t, s, "runqueue:3:mem:r"))
+}
+
+// renewBeforeDelete writes row at key just before the first delete of key,
+// as a waiter renewing its entry at that moment would.
+type renewBeforeDelete struct {
+	runlease.Store
+	key, row string
+	done     bool
+}
+
+func (r *renewBeforeDelete) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
+	if key == r.key && !r.done {
+		r.done = true
+		if _, err := r.Store.MetaCAS(ctx, key, &expected, r.row); err != nil {
+			return false, err
+		}
+	}
+	return r.Store.MetaDelete(ctx, key, expected)
 }

@@ -248,6 +248,17 @@ type fairMark struct {
 	UntilMS int64 `json:"until_ms"`
 }
 
+func decodeMark(value string) (fairMark, error) {
+	var m fairMark
+	if err := json.Unmarshal([]byte(value), &m); err != nil {
+		return m, err
+	}
+	if m.Finish < 0 || m.Finish > maxTag || m.UntilMS <= 0 {
+		return m, fmt.Errorf("%w: finish must be in [0, %d], until_ms positive", errBadEntry, int64(maxTag))
+	}
+	return m, nil
+}
+
 func fairScopePrefix(scope string) string {
 	return FairPrefix + strconv.Itoa(len(scope)) + ":" + scope + ":"
 }
@@ -265,11 +276,8 @@ func scanMarks(rows []Row, scope string, nowMS int64, all map[string]string) (ma
 		if !ok {
 			continue
 		}
-		var m fairMark
-		if err := json.Unmarshal([]byte(r.Value), &m); err != nil || m.Finish < 0 || m.Finish > maxTag || m.UntilMS <= 0 {
-			if err == nil {
-				err = fmt.Errorf("%w: finish must be in [0, %d], until_ms positive", errBadEntry, int64(maxTag))
-			}
+		m, err := decodeMark(r.Value)
+		if err != nil {
 			return nil, corruptRow(r.Key, r.Value, err)
 		}
 		all[r.Key] = r.Value

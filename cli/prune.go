@@ -12,9 +12,10 @@ import (
 )
 
 const pruneHelp = `
-Prune removes lease rows that were released or expired, and slot rows that
-expired, longer than DURATION ago. Live leases and corrupt rows are never
-removed, and each delete is conditional on the row read, so a lease taken
+Prune removes lease rows that were released or expired, and slot rows,
+admission-queue entries and fair-share marks that expired, longer than
+DURATION ago. Live rows and corrupt rows are never removed, and each delete
+is conditional on the row read, so a lease taken (or a queue entry renewed)
 meanwhile stays. It lists the rows first, then asks for confirmation when
 stdin is a terminal (unless --yes; answering no exits 1); --dry-run only
 lists them.
@@ -98,8 +99,7 @@ func (c *cli) pruneStore(s *openedStore, o pruneOpts) error {
 	if err != nil {
 		return err
 	}
-	n := len(want.Leases) + len(want.Slots)
-	if n == 0 {
+	if want.Len() == 0 {
 		fmt.Fprintf(c.stdout, "nothing in %s ended more than %v ago; nothing to prune\n", s.name, o.olderThan.d)
 		return nil
 	}
@@ -145,12 +145,23 @@ func (c *cli) listPrunable(ctx context.Context, s *openedStore, p runlease.Prune
 	for _, key := range p.Slots {
 		fmt.Fprintf(tw, "slot\t%s\t-\t-\n", key)
 	}
+	for _, key := range p.Queue {
+		kind := "queue"
+		if strings.HasPrefix(key, runlease.FairPrefix) {
+			kind = "fair mark"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t-\t-\n", kind, key)
+	}
 	return tw.Flush()
 }
 
 // rowCount says how many rows p holds, for people.
 func rowCount(p runlease.Pruned) string {
-	return fmt.Sprintf("%s and %s", plural(len(p.Leases), "lease row"), plural(len(p.Slots), "slot row"))
+	if len(p.Queue) == 0 {
+		return fmt.Sprintf("%s and %s", plural(len(p.Leases), "lease row"), plural(len(p.Slots), "slot row"))
+	}
+	return fmt.Sprintf("%s, %s and %s", plural(len(p.Leases), "lease row"), plural(len(p.Slots), "slot row"),
+		plural(len(p.Queue), "queue row"))
 }
 
 func plural(n int, noun string) string {

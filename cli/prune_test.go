@@ -93,3 +93,24 @@ func TestPruneUsageErrors(t *testing.T) {
 		assert.Regexp(t, `^runlease: RUN-E001: prune: `, r.stderr)
 	}
 }
+
+func TestPruneRemovesQueueEntriesOfGoneWaiters(t *testing.T) {
+	t.Parallel()
+	path := newDB(t)
+	s, err := runlease.OpenSQLite(path)
+	require.NoError(t, err)
+	gone := `{"run":"gone","waiter":"w","fence":0,"seq":1,"principal":"","weight":1,"priority":0,"units":1,"tag":0,"enq_ms":1,"until_ms":2,"scopes":["mem"]}`
+	_, err = s.MetaCAS(t.Context(), "runqueue:3:mem:gone", nil, gone)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+
+	r := runCLI(t, "prune", "--older-than", "90m", "--dry-run", "--db", path)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "queue  runqueue:3:mem:gone")
+	assert.Contains(t, r.stdout, "2 lease rows, 1 slot row and 1 queue row would be removed")
+
+	r = runCLI(t, "prune", "--older-than", "90m", "--yes", "--db", path)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "removed 2 lease rows, 1 slot row and 1 queue row")
+	assert.NotContains(t, storedKeys(t, path), "runqueue:3:mem:gone")
+}
