@@ -181,9 +181,16 @@ func (k *Keeper) Lease() *Lease { return k.lease }
 func (k *Keeper) Slots() *Slots { return k.slots }
 
 // TrustedUntil returns when, by this process's monotonic clock, the holder
-// stops trusting the lease unless a renewal succeeds first.
+// stops trusting the lease unless a renewal succeeds first. With
+// [KeepSlotsStrict] it is never later than the kept slots' own
+// [Slots.TrustedUntil] either: the keeper ends when either runs out.
 func (k *Keeper) TrustedUntil() time.Time {
-	return k.trustEnd(k.lease.state(), time.Now())
+	now := time.Now()
+	end := k.trustEnd(k.lease.state(), now)
+	if k.strict {
+		end = earliest(end, k.slots.TrustedUntil())
+	}
+	return end
 }
 
 // Stop ends the keeper without releasing the lease or the slots: they expire

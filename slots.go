@@ -145,6 +145,9 @@ type Slots struct {
 	releasing []*heldSlot // given back, the delete not yet confirmed: never listed
 	losses    []string    // keys lost since the last takeLosses, with cause
 	cause     error
+	// ended is the earliest trust end of the slots given up (lost, run
+	// out or released) since the claim; zero while none was.
+	ended time.Time
 }
 
 type heldSlot struct {
@@ -191,6 +194,30 @@ func (s *Slots) Held() []SlotInfo {
 	return out
 }
 
+// TrustedUntil returns when, by this process's monotonic clock, the run
+// stops trusting the slots of its claim unless a renewal succeeds first:
+// the earliest trust window of the slots still held, and never later than
+// the moment any slot of the claim was lost, ran out or was released. It
+// is the zero Time when the claim holds nothing.
+func (s *Slots) TrustedUntil() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, end, any := s.keptStateLocked(time.Now())
+	if !s.ended.IsZero() && (!any || s.ended.Before(end)) {
+		return s.ended
+	}
+	return end
+}
+
+// endTrustLocked records that h is given up, its trust window ending at
+// the latest now. s.mu is held.
+func (s *Slots) endTrustLocked(h *heldSlot, now time.Time) {
+	end := earliest(s.trustEnd(h, now, s.o.nowMS()), now)
+	if s.ended.IsZero() || end.Before(s.ended) {
+		s.ended = end
+	}
+}
+
 // trustEnd returns when h stops being trusted, by the monotonic clock.
 func (s *Slots) trustEnd(h *heldSlot, now time.Time, nowMS int64) time.Time {
 	left := time.Duration(h.untilMS-nowMS)*time.Millisecond - s.margin
@@ -208,6 +235,7 @@ func (s *Slots) expireLocked(now time.Time) {
 		} else {
 			// Given up, but maybe still the run's row: Release deletes it,
 			// so that the slot frees at once rather than at its expiry.
+			s.endTrustLocked(h, now)
 			s.lostLocked(h.key, ErrTrustExpired)
 			s.releasing = append(s.releasing, h)
 		}
@@ -245,6 +273,11 @@ func (s *Slots) takeLosses(now time.Time) *SlotLostError {
 func (s *Slots) keptState(now time.Time) (renewedAt, trustEnd time.Time, any bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.keptStateLocked(now)
+}
+
+// keptStateLocked is keptState with s.mu held.
+func (s *Slots) keptStateLocked(now time.Time) (renewedAt, trustEnd time.Time, any bool) {
 	nowMS := s.o.nowMS()
 	for i, h := range s.held {
 		end := s.trustEnd(h, now, nowMS)
@@ -383,6 +416,7 @@ func (s *Slots) drop(h *heldSlot, cause error) {
 	defer s.mu.Unlock()
 	if i := slices.Index(s.held, h); i >= 0 {
 		s.held = slices.Delete(s.held, i, i+1)
+		s.endTrustLocked(h, time.Now())
 		s.lostLocked(h.key, cause)
 	}
 }
@@ -398,6 +432,10 @@ func (s *Slots) drop(h *heldSlot, cause error) {
 // expire).
 func (s *Slots) Release(ctx context.Context) error {
 	s.mu.Lock()
+	now := time.Now()
+	for _, h := range s.held {
+		s.endTrustLocked(h, now)
+	}
 	s.releasing = append(s.releasing, s.held...)
 	s.held = nil
 	s.mu.Unlock()

@@ -184,3 +184,69 @@ func slotUntilMS(t *testing.T, s runlease.Store, key string) int64 {
 	t.Fatalf("no live slot at %q", key)
 	return 0
 }
+
+func TestSlotsTrustedUntil(t *testing.T) {
+	t.Parallel()
+	five := runlease.WithTTL(5 * time.Second)
+	mem := []runlease.Scope{runlease.MemScope(1)}
+	margin := 500 * time.Millisecond // a tenth of the TTL; the SQLite clock has no uncertainty
+
+	t.Run("is_the_claims_trust_window_and_moves_on_with_each_renewal", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleStore(t)
+			sl, err := runlease.ClaimSlots(t.Context(), s, "a", mem, five)
+			require.NoError(t, err)
+			assert.Equal(t, time.Now().Add(5*time.Second-margin), sl.TrustedUntil())
+			time.Sleep(2 * time.Second)
+			require.NoError(t, sl.Renew(t.Context()))
+			assert.Equal(t, time.Now().Add(5*time.Second-margin), sl.TrustedUntil())
+			require.NoError(t, sl.Release(t.Context()))
+			assert.Equal(t, time.Now(), sl.TrustedUntil(), "released: no trust left")
+			time.Sleep(time.Second)
+			require.NoError(t, sl.Renew(t.Context()))
+			assert.Less(t, sl.TrustedUntil(), time.Now(), "nothing to renew after a release")
+		})
+	})
+
+	t.Run("never_moves_past_a_slot_that_was_taken", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleStore(t)
+			sl, err := runlease.ClaimSlots(t.Context(), s, "a", mem, five)
+			require.NoError(t, err)
+			key := sl.Held()[0].Key
+			row := get(t, s, key)
+			// An operator frees the slot and run b takes it.
+			ok, err := s.MetaDelete(t.Context(), key, row)
+			require.NoError(t, err)
+			require.True(t, ok)
+			_, err = runlease.ClaimSlots(t.Context(), s, "b", mem, five)
+			require.NoError(t, err)
+			time.Sleep(time.Second)
+			require.ErrorIs(t, sl.Renew(t.Context()), runlease.ErrSlotLost)
+			lostAt := time.Now()
+			time.Sleep(time.Second)
+			assert.Equal(t, lostAt, sl.TrustedUntil(), "trust ends when the loss is seen")
+			assert.Empty(t, sl.Held())
+		})
+	})
+
+	t.Run("bounds_a_strict_keepers_trust_and_not_a_lenient_one", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f, g := &testkit.Faulty{Store: bubbleStore(t)}, &testkit.Faulty{Store: bubbleStore(t)}
+			strict, ss := keptRun(t, f, "a", &events{}, runlease.KeepSlotsStrict)
+			defer strict.Stop()
+			lenient, _ := keptRun(t, g, "a", &events{}, runlease.KeepSlots)
+			defer lenient.Stop()
+			claimed := time.Now()
+			// Lease renewals land, slot renewals fail.
+			f.FailWrites(testkit.Prefix(runlease.SlotPrefix))
+			g.FailWrites(testkit.Prefix(runlease.SlotPrefix))
+			time.Sleep(3 * time.Second)
+			assert.Equal(t, claimed.Add(5*time.Second-margin), ss.TrustedUntil(), "the claim's window, not renewed")
+			assert.Equal(t, ss.TrustedUntil(), strict.TrustedUntil(), "strict: the slots' window bounds the keeper's")
+			assert.Greater(t, lenient.TrustedUntil(), claimed.Add(5*time.Second), "lenient: the lease alone")
+			<-strict.Done()
+			assert.Equal(t, claimed.Add(5*time.Second-margin), strict.TrustedUntil(), "and it stays there once ended")
+		})
+	})
+}
