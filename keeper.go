@@ -59,7 +59,10 @@ func KeepSlots(s *Slots) Option {
 // or not renewed within its trust window, also ends the keeper, whose Err
 // is then a [*SlotLostError] (matching [ErrSlotLost] and its Cause) and whose
 // work context is cancelled with it, before any other run can take the slot
-// by expiry.
+// by expiry. The keeper trusts only a whole claim: it ends as well when a
+// slot of s is released through s, or was lost before Keep, or is found
+// lost by the run's own [Slots.Renew] (which reports the loss to its caller
+// rather than to the hook).
 func KeepSlotsStrict(s *Slots) Option {
 	return func(o *options) { o.slots, o.strictSlots, o.set = s, true, o.set|optSlots }
 }
@@ -188,7 +191,9 @@ func (k *Keeper) TrustedUntil() time.Time {
 	now := time.Now()
 	end := k.trustEnd(k.lease.state(), now)
 	if k.strict {
-		end = earliest(end, k.slots.TrustedUntil())
+		if slots := k.slots.TrustedUntil(); !slots.IsZero() {
+			end = earliest(end, slots)
+		}
 	}
 	return end
 }

@@ -90,6 +90,9 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 	if err := lease.addKeeper(k); err != nil {
 		return nil, err
 	}
+	if k.strict {
+		k.slots.addStrict(k)
+	}
 	unwatch := func() bool { return false }
 	if ctx.Done() != nil { // a context that can end: stop with it
 		unwatch = context.AfterFunc(ctx, func() {
@@ -282,17 +285,22 @@ func (r *Renewer) lossLocked(k *Keeper, now time.Time) (error, func()) {
 		return nil, report
 	}
 	lost := k.slots.takeLosses(now)
-	if lost == nil {
-		return nil, report
-	}
-	report = func() {
-		k.o.logger.Warn("runlease: slots lost", "run", k.lease.runID, "keys", lost.Keys, "cause", lost.Cause)
-		if h := k.o.hooks.SlotsLost; h != nil {
-			h(SlotLossEvent{RunID: k.lease.runID, Err: lost})
+	if lost != nil {
+		report = func() {
+			k.o.logger.Warn("runlease: slots lost", "run", k.lease.runID, "keys", lost.Keys, "cause", lost.Cause)
+			if h := k.o.hooks.SlotsLost; h != nil {
+				h(SlotLossEvent{RunID: k.lease.runID, Err: lost})
+			}
 		}
 	}
-	if k.strict {
-		return lost, report
+	if !k.strict {
+		return nil, report
+	}
+	// Kept strictly, any slot of the claim given up ends the keeper: one
+	// just lost, and one whose loss was reported before this keeper
+	// started or to another caller (the run's own Slots.Renew).
+	if broken := k.slots.brokenErr(); broken != nil {
+		return broken, report
 	}
 	return nil, report
 }
@@ -334,6 +342,9 @@ func (r *Renewer) endLocked(k *Keeper, err error) func() {
 			unwatch()
 		}
 		k.lease.removeKeeper(k)
+		if k.strict {
+			k.slots.removeStrict(k)
+		}
 		if !errors.Is(err, ErrLeaseLost) {
 			return
 		}

@@ -146,8 +146,15 @@ type Slots struct {
 	losses    []string    // keys lost since the last takeLosses, with cause
 	cause     error
 	// ended is the earliest trust end of the slots given up (lost, run
-	// out or released) since the claim; zero while none was.
-	ended time.Time
+	// out or released) since the claim; zero while none was. broken says
+	// which slot and why: a strict keeper of the claim ends with it, even
+	// when the loss was reported to another caller (Renew) first.
+	ended  time.Time
+	broken *SlotLostError
+	// strict lists the keepers that keep these slots with
+	// KeepSlotsStrict; a slot given up by a call of the Slots itself ends
+	// them, after s.mu is released.
+	strict []*Keeper
 }
 
 type heldSlot struct {
@@ -209,12 +216,56 @@ func (s *Slots) TrustedUntil() time.Time {
 	return end
 }
 
-// endTrustLocked records that h is given up, its trust window ending at
-// the latest now. s.mu is held.
-func (s *Slots) endTrustLocked(h *heldSlot, now time.Time) {
+// endTrustLocked records that h is given up with cause, its trust window
+// ending at the latest now. s.mu is held.
+func (s *Slots) endTrustLocked(h *heldSlot, now time.Time, cause error) {
 	end := earliest(s.trustEnd(h, now, s.o.nowMS()), now)
 	if s.ended.IsZero() || end.Before(s.ended) {
 		s.ended = end
+	}
+	if s.broken == nil {
+		s.broken = &SlotLostError{RunID: s.runID, Keys: []string{h.key}, Cause: cause}
+	}
+}
+
+// brokenErr returns why the claim stopped being whole (the first slot
+// lost, run out or released), or nil while every slot of it is held, as of
+// the last look at the trust windows (takeLosses, Held, a renewal).
+func (s *Slots) brokenErr() *SlotLostError {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.broken
+}
+
+// addStrict registers k, which keeps s with KeepSlotsStrict, to be ended
+// when a call of s gives a slot up.
+func (s *Slots) addStrict(k *Keeper) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.strict = append(s.strict, k)
+}
+
+// removeStrict forgets k.
+func (s *Slots) removeStrict(k *Keeper) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i := slices.Index(s.strict, k); i >= 0 {
+		s.strict = slices.Delete(s.strict, i, i+1)
+	}
+}
+
+// endStrict ends the strict keepers of s, now that the claim is broken.
+// s.mu must not be held: ending a keeper takes its Renewer's lock, under
+// which a Renewer reads s.
+func (s *Slots) endStrict() {
+	s.mu.Lock()
+	keepers, broken := slices.Clone(s.strict), s.broken
+	s.mu.Unlock()
+	if broken == nil {
+		return
+	}
+	for _, k := range keepers {
+		k.r.end(k, broken)
 	}
 }
 
@@ -235,7 +286,7 @@ func (s *Slots) expireLocked(now time.Time) {
 		} else {
 			// Given up, but maybe still the run's row: Release deletes it,
 			// so that the slot frees at once rather than at its expiry.
-			s.endTrustLocked(h, now)
+			s.endTrustLocked(h, now, ErrTrustExpired)
 			s.lostLocked(h.key, ErrTrustExpired)
 			s.releasing = append(s.releasing, h)
 		}
@@ -413,11 +464,15 @@ func (s *Slots) confirm(h *heldSlot, next string, untilMS int64, start time.Time
 // drop gives h up as lost with cause.
 func (s *Slots) drop(h *heldSlot, cause error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if i := slices.Index(s.held, h); i >= 0 {
+	i := slices.Index(s.held, h)
+	if i >= 0 {
 		s.held = slices.Delete(s.held, i, i+1)
-		s.endTrustLocked(h, time.Now())
+		s.endTrustLocked(h, time.Now(), cause)
 		s.lostLocked(h.key, cause)
+	}
+	s.mu.Unlock()
+	if i >= 0 {
+		s.endStrict()
 	}
 }
 
@@ -434,11 +489,12 @@ func (s *Slots) Release(ctx context.Context) error {
 	s.mu.Lock()
 	now := time.Now()
 	for _, h := range s.held {
-		s.endTrustLocked(h, now)
+		s.endTrustLocked(h, now, ErrReleased)
 	}
 	s.releasing = append(s.releasing, s.held...)
 	s.held = nil
 	s.mu.Unlock()
+	s.endStrict()
 	if err := s.lock(ctx); err != nil {
 		return err
 	}

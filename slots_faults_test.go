@@ -249,4 +249,91 @@ func TestSlotsTrustedUntil(t *testing.T) {
 			assert.Equal(t, claimed.Add(5*time.Second-margin), strict.TrustedUntil(), "and it stays there once ended")
 		})
 	})
+
+	// takeSlot frees the slot of sl behind its back, as an operator would,
+	// and lets run b take it.
+	takeSlot := func(t *testing.T, s runlease.Store, sl *runlease.Slots) {
+		t.Helper()
+		key := sl.Held()[0].Key
+		ok, err := s.MetaDelete(t.Context(), key, get(t, s, key))
+		require.NoError(t, err)
+		require.True(t, ok)
+		_, err = runlease.ClaimSlots(t.Context(), s, "b", mem, five)
+		require.NoError(t, err)
+	}
+
+	t.Run("a_loss_the_runs_own_Renew_reports_ends_a_strict_keeper_at_once", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleStore(t)
+			ev := &events{}
+			k, sl := keptRun(t, s, "a", ev, runlease.KeepSlotsStrict)
+			defer k.Stop()
+			work := k.Context()
+			takeSlot(t, s, sl)
+			require.ErrorIs(t, sl.Renew(t.Context()), runlease.ErrSlotLost, "the caller of Renew hears of the loss")
+			// No time passes: the keeper ends in the Renew that found the loss,
+			// not at its next look.
+			require.ErrorIs(t, work.Err(), context.Canceled)
+			require.ErrorIs(t, k.Err(), runlease.ErrSlotLost)
+			require.ErrorIs(t, k.Err(), runlease.ErrTakenOver)
+			require.ErrorIs(t, context.Cause(work), runlease.ErrSlotLost)
+			assert.False(t, time.Now().Before(k.TrustedUntil()))
+		})
+	})
+
+	t.Run("a_strict_keeper_of_a_claim_that_lost_a_slot_before_Keep_ends_in_Keep", func(t *testing.T) {
+		for _, found := range []string{"renew", "strict-keeper"} {
+			t.Run(found, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					s := bubbleStore(t)
+					l, err := runlease.Acquire(t.Context(), s, "a", "A", five)
+					require.NoError(t, err)
+					sl, err := runlease.ClaimSlots(t.Context(), s, "a", mem, five)
+					require.NoError(t, err)
+					takeSlot(t, s, sl)
+					if found == "renew" {
+						require.ErrorIs(t, sl.Renew(t.Context()), runlease.ErrSlotLost)
+					} else {
+						// An earlier strict keeper found the loss, took it off
+						// the Slots and was stopped.
+						first, err := runlease.Keep(t.Context(), l, runlease.KeepSlotsStrict(sl))
+						require.NoError(t, err)
+						time.Sleep(5 * time.Second)
+						require.ErrorIs(t, first.Err(), runlease.ErrSlotLost)
+						require.NoError(t, l.Renew(t.Context()))
+					}
+					k, err := runlease.Keep(t.Context(), l, runlease.KeepSlotsStrict(sl))
+					require.NoError(t, err)
+					require.ErrorIs(t, k.Err(), runlease.ErrSlotLost, "ended before Keep returned")
+					require.ErrorIs(t, k.Context().Err(), context.Canceled)
+					lenient, err := runlease.Keep(t.Context(), l, runlease.KeepSlots(sl))
+					require.NoError(t, err)
+					defer lenient.Stop()
+					require.NoError(t, lenient.Err(), "not strict: the lease is the authority")
+				})
+			})
+		}
+	})
+
+	t.Run("releasing_the_slots_of_a_strict_keeper_ends_it", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleStore(t)
+			k, sl := keptRun(t, s, "a", &events{}, runlease.KeepSlotsStrict)
+			defer k.Stop()
+			require.NoError(t, sl.Release(t.Context()))
+			require.ErrorIs(t, k.Err(), runlease.ErrSlotLost)
+			require.ErrorIs(t, k.Err(), runlease.ErrReleased)
+			require.ErrorIs(t, k.Context().Err(), context.Canceled)
+		})
+	})
+
+	t.Run("Keeper_Release_stops_a_strict_keeper_before_its_slots_go", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleStore(t)
+			k, _ := keptRun(t, s, "a", &events{}, runlease.KeepSlotsStrict)
+			require.NoError(t, k.Release(t.Context()))
+			require.ErrorIs(t, k.Err(), runlease.ErrKeeperStopped)
+			require.NotErrorIs(t, k.Err(), runlease.ErrSlotLost)
+		})
+	})
 }

@@ -80,7 +80,8 @@ var (
 		"TestFencedWriteWhoseOutcomeIsUnknownAndLeaseTakenIsNotCalledUnwritten"}
 	keeperTests = []string{"TestKeeper", "TestKeeperFaults", "TestKeptSlots", "TestKeeperStopLeavesNoGoroutine",
 		"TestALossFoundByACallEndsTheKeepersBeforeItReturns", "TestReleaseStopsTheKeepersFirst",
-		"TestKeeperMarginCoversTheStoreClocksUncertainty", "TestKeeperStopsTrustingWhenTheExpiryClockJumpsAhead"}
+		"TestKeeperMarginCoversTheStoreClocksUncertainty", "TestKeeperStopsTrustingWhenTheExpiryClockJumpsAhead",
+		"TestSlotsTrustedUntil"}
 	slotTests = []string{"TestSlots", "TestSlotFaultsAreNeverLosses", "TestKeptSlots", "TestSlotCapHoldsUnderRaces",
 		"TestALoweredLimitDrainsAndIsReported", "TestOccupancyListsLiveSlots", "TestAClaimOfUnknownOutcomeIsAFaultNotARefusal"}
 	lineageTests = []string{"TestLineageStaleLeaseWhoseReplyCameLateNeverTakesTheNewRow",
@@ -160,11 +161,19 @@ var catalog = []mutation{
 	{
 		Name:   "strict-slot-loss-ignored",
 		File:   "renewer.go",
-		Old:    "if k.strict {\n\t\treturn lost, report\n\t}\n",
+		Old:    "if broken := k.slots.brokenErr(); broken != nil {\n\t\treturn broken, report\n\t}\n",
 		New:    "",
-		Breaks: "A slot kept with KeepSlotsStrict is lost without ending the keeper.",
+		Breaks: "A slot kept with KeepSlotsStrict is lost without ending the keeper (lost under it, before Keep, or reported to the run's own Renew).",
 		// A test waiting for the keeper to end then waits forever.
 		Pkg: ".", Tests: with(keeperTests, sims...), Env: simEnv, Timeout: 90 * time.Second,
+	},
+	{
+		Name:   "slot-loss-leaves-strict-keepers-running",
+		File:   "slots.go",
+		Old:    "\tif i >= 0 {\n\t\ts.endStrict()\n\t}\n",
+		New:    "",
+		Breaks: "A slot the run's own Renew finds lost leaves its strict keepers running until their next look.",
+		Pkg:    ".", Tests: with(keeperTests, sims...), Env: simEnv, Timeout: 90 * time.Second,
 	},
 	{
 		Name:   "trust-ignores-store-clock",
