@@ -73,6 +73,11 @@ type Event struct {
 	Res string `json:"res,omitempty"`
 	Msg string `json:"msg,omitempty"`
 	N   int    `json:"n,omitempty"`
+	// Keys are the slot rows of an admission or a release; Principal and
+	// Scopes describe a queue competitor's wait.
+	Keys      []string `json:"keys,omitempty"`
+	Principal string   `json:"p,omitempty"`
+	Scopes    []string `json:"scopes,omitempty"`
 
 	// Which child printed the line, set by [Parse].
 	Slot int `json:"-"`

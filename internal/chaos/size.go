@@ -55,6 +55,10 @@ const (
 	// until it releases, whatever its keeper says: the slot cap check must
 	// catch it.
 	BreakSlotsIgnoreKeeper = "slots-ignore-keeper"
+	// BreakQueueIgnoreKeeper: a queue competitor that, once admitted,
+	// believes it holds its slots until it releases, whatever its keeper
+	// says: the queue test's cap check must catch it.
+	BreakQueueIgnoreKeeper = "queue-ignore-keeper"
 )
 
 // BreakMode returns RUNLEASE_CHAOS_BREAK: "" for correct holders.
