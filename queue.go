@@ -89,9 +89,12 @@ func (e *queueEntry) before(f *queueEntry) bool {
 var errBadEntry = errors.New("not a queue entry")
 
 func decodeEntry(value string) (queueEntry, error) {
-	var e queueEntry
-	if err := json.Unmarshal([]byte(value), &e); err != nil {
-		return e, err
+	e, ok := decodeCanonicalEntry(value)
+	if !ok {
+		e = queueEntry{}
+		if err := json.Unmarshal([]byte(value), &e); err != nil {
+			return e, err
+		}
 	}
 	switch {
 	case e.Run == "" || e.Waiter == "":
