@@ -136,6 +136,7 @@ func RunWith(t *testing.T, h Harness) {
 		{"mixed_load", plain(testMixedLoad)},
 		{"batch", plain(testBatch)},
 		{"multi_cas", plain(testMultiCAS)},
+		{"scan_many", plain(testScanMany)},
 		{"two_handles", testTwoHandles},
 		{"fault_labels", testFaultLabels},
 	}

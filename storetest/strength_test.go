@@ -30,6 +30,7 @@ var caughtBy = map[brokenstore.Bug][]string{
 	brokenstore.BareContextError: {"cancelled_context/every_context_error_is_a_StorageError_that_matches_the_context"},
 	brokenstore.HandleCache:      {"two_handles/a_write_through_one_handle_is_seen_at_once_by_reads_through_the_other"},
 	brokenstore.MislabelledFault: {"fault_labels/a_write_applied_before_a_fault_is_labelled_unknown"},
+	brokenstore.ScanManyOnePage:  {"scan_many/large_prefixes_are_returned_whole"},
 }
 
 // failedSubtest matches the line the testing package prints for a failed

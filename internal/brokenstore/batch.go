@@ -102,3 +102,23 @@ func (s *Store) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]
 	}
 	return swapped, nil
 }
+
+// MetaScanMany implements [runlease.MultiScanner]: each prefix as MetaScan
+// reads it (with ScanManyOnePage, cut to its first page).
+func (s *Store) MetaScanMany(ctx context.Context, prefixes []string) ([][]runlease.Row, error) {
+	if err := runlease.CheckPrefixes(prefixes); err != nil {
+		return nil, err
+	}
+	out := make([][]runlease.Row, len(prefixes))
+	for i, p := range prefixes {
+		rows, err := s.MetaScan(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		if s.st.bug == ScanManyOnePage && len(rows) > pageRows {
+			rows = rows[:pageRows]
+		}
+		out[i] = rows
+	}
+	return out, nil
+}

@@ -54,10 +54,14 @@ const (
 	// MislabelledFault reports a fault after a write applied as not
 	// applied (Unknown false).
 	MislabelledFault Bug = "mislabelled-fault"
+	// ScanManyOnePage answers each prefix of a MetaScanMany with its first
+	// 100 rows only, as a store that sends one ranged read per prefix and
+	// ignores that more rows remain.
+	ScanManyOnePage Bug = "scan-many-one-page"
 )
 
 // Bugs lists every variant but None.
-var Bugs = []Bug{WriteSkew, IgnoresCancel, TruncatedScan, PagingScan, BareContextError, HandleCache, MislabelledFault}
+var Bugs = []Bug{WriteSkew, IgnoresCancel, TruncatedScan, PagingScan, BareContextError, HandleCache, MislabelledFault, ScanManyOnePage}
 
 // pageRows is the page of TruncatedScan and PagingScan.
 const pageRows = 100
@@ -77,8 +81,8 @@ func NewStorage(bug Bug) *Storage { return &Storage{bug: bug, rows: map[string]s
 func (st *Storage) Open() *Store { return &Store{st: st, cache: map[string]cached{}} }
 
 // Store is one handle on a [Storage]. It implements [runlease.Store],
-// [runlease.Batcher] and [runlease.MultiCASer], and is safe for concurrent
-// use.
+// [runlease.Batcher], [runlease.MultiCASer] and [runlease.MultiScanner],
+// and is safe for concurrent use.
 type Store struct {
 	st *Storage
 
