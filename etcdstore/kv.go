@@ -4,6 +4,7 @@ import (
 	"context"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -90,13 +91,9 @@ func (s *Store) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, er
 	if err := s.enter(ctx, "MetaScan", prefix); err != nil {
 		return nil, err
 	}
-	full := s.o.prefix + prefix
-	start, end := full, clientv3.GetPrefixRangeEnd(full)
-	if full == "" {
-		start, end = "\x00", "\x00" // every key
-	}
+	start, end := s.rangeOf(prefix)
 	for try := 0; ; try++ {
-		rows, err := s.scanAt(ctx, start, end)
+		rows, err := s.scanAt(ctx, start, end, 0)
 		if err == nil {
 			return rows, nil
 		}
@@ -106,10 +103,19 @@ func (s *Store) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, er
 	}
 }
 
-// scanAt reads [start, end) page by page, at the revision of the first page.
-func (s *Store) scanAt(ctx context.Context, start, end string) ([]runlease.Row, error) {
+// rangeOf returns the etcd keys [start, end) of the rows under prefix.
+func (s *Store) rangeOf(prefix string) (start, end string) {
+	full := s.o.prefix + prefix
+	if full == "" {
+		return "\x00", "\x00" // every key
+	}
+	return full, clientv3.GetPrefixRangeEnd(full)
+}
+
+// scanAt reads [start, end) page by page, at revision rev, or at the
+// revision of the first page when rev is 0.
+func (s *Store) scanAt(ctx context.Context, start, end string, rev int64) ([]runlease.Row, error) {
 	var rows []runlease.Row
-	var rev int64
 	for {
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(s.o.scanPage))}
 		if rev != 0 {
@@ -122,14 +128,21 @@ func (s *Store) scanAt(ctx context.Context, start, end string) ([]runlease.Row, 
 		if rev == 0 {
 			rev = resp.Header.Revision
 		}
-		for _, kv := range resp.Kvs {
-			rows = append(rows, runlease.Row{Key: string(kv.Key[len(s.o.prefix):]), Value: string(kv.Value)})
-		}
+		rows = s.appendRows(rows, resp.Kvs)
 		if !resp.More || len(resp.Kvs) == 0 {
 			return rows, nil
 		}
 		start = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
+}
+
+// appendRows appends the rows of kvs, their keys without the store's
+// prefix, to rows.
+func (s *Store) appendRows(rows []runlease.Row, kvs []*mvccpb.KeyValue) []runlease.Row {
+	for _, kv := range kvs {
+		rows = append(rows, runlease.Row{Key: string(kv.Key[len(s.o.prefix):]), Value: string(kv.Value)})
+	}
+	return rows
 }
 
 func isCompacted(err error) bool {
