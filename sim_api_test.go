@@ -34,6 +34,34 @@ func (simAPI) AcquireWait(ctx context.Context, s runlease.Store, runID, holder s
 }
 
 func (simAPI) ClaimSlots(ctx context.Context, s runlease.Store, runID string, specs []sim.ScopeSpec, ttl time.Duration) (sim.Slots, error) {
+	sl, err := runlease.ClaimSlots(ctx, s, runID, simScopes(specs), runlease.WithTTL(ttl))
+	if err != nil {
+		return nil, err
+	}
+	return simSlots{sl}, nil
+}
+
+func (simAPI) ClaimSlotsWait(ctx context.Context, s runlease.Store, l sim.Lease, runID string, specs []sim.ScopeSpec, w sim.WaitSpec) (sim.Slots, error) {
+	opts := []runlease.Option{runlease.WithPriority(w.Priority), runlease.WithWaitPoll(w.Poll)}
+	if w.Weight != 0 {
+		opts = append(opts, runlease.WithFairShare(w.Principal, w.Weight))
+	}
+	var sl *runlease.Slots
+	var err error
+	if l != nil {
+		sl, err = l.(*runlease.Lease).ClaimSlotsWait(ctx, simScopes(specs), opts...)
+	} else {
+		sl, err = runlease.ClaimSlotsWait(ctx, s, runID, simScopes(specs), append(opts, runlease.WithTTL(w.TTL))...)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return simSlots{sl}, nil
+}
+
+// simScopes turns the harness's scope specs into scopes, taken for their
+// units when a spec names them.
+func simScopes(specs []sim.ScopeSpec) []runlease.Scope {
 	scopes := make([]runlease.Scope, len(specs))
 	for i, sc := range specs {
 		if p, ok := strings.CutPrefix(sc.Name, "principal:"); ok {
@@ -41,12 +69,11 @@ func (simAPI) ClaimSlots(ctx context.Context, s runlease.Store, runID string, sp
 		} else {
 			scopes[i] = runlease.NamedScope(sc.Name, sc.Limit)
 		}
+		if sc.Units > 0 {
+			scopes[i] = scopes[i].Take(sc.Units)
+		}
 	}
-	sl, err := runlease.ClaimSlots(ctx, s, runID, scopes, runlease.WithTTL(ttl))
-	if err != nil {
-		return nil, err
-	}
-	return simSlots{sl}, nil
+	return scopes
 }
 
 func (simAPI) Prune(ctx context.Context, s runlease.Store, olderThan time.Duration) ([]string, error) {
@@ -96,6 +123,7 @@ type simSlots struct{ s *runlease.Slots }
 func (s simSlots) RunID() string                     { return s.s.RunID() }
 func (s simSlots) Renew(ctx context.Context) error   { return s.s.Renew(ctx) }
 func (s simSlots) Release(ctx context.Context) error { return s.s.Release(ctx) }
+func (s simSlots) TrustedUntil() time.Time           { return s.s.TrustedUntil() }
 
 func (s simSlots) Held() []sim.HeldSlot {
 	var out []sim.HeldSlot

@@ -24,6 +24,10 @@ type API interface {
 	AcquireWait(ctx context.Context, s runlease.Store, runID, holder string, ttl, poll time.Duration) (Lease, error)
 	// ClaimSlots claims one slot of each scope for runID.
 	ClaimSlots(ctx context.Context, s runlease.Store, runID string, scopes []ScopeSpec, ttl time.Duration) (Slots, error)
+	// ClaimSlotsWait waits in the queues of scopes until runID holds the
+	// units it asks of each, through l (fenced, with the lease's TTL) when
+	// l is not nil, and unfenced with spec.TTL otherwise.
+	ClaimSlotsWait(ctx context.Context, s runlease.Store, l Lease, runID string, scopes []ScopeSpec, spec WaitSpec) (Slots, error)
 	// Prune removes the rows that expired or were released before now -
 	// olderThan, and returns the run ids of the lease rows it removed.
 	Prune(ctx context.Context, s runlease.Store, olderThan time.Duration) ([]string, error)
@@ -72,6 +76,9 @@ type Slots interface {
 	Release(ctx context.Context) error
 	// Held lists the slots the run believes it holds.
 	Held() []HeldSlot
+	// TrustedUntil is when the run stops trusting the slots unless a
+	// renewal succeeds first.
+	TrustedUntil() time.Time
 }
 
 // HeldSlot is one slot a Slots value believes it holds.
@@ -85,6 +92,21 @@ type HeldSlot struct {
 type ScopeSpec struct {
 	Name  string
 	Limit int
+	// Units is how many units a claim takes (Scope.Take); 0 claims one
+	// without calling Take.
+	Units int
+}
+
+// units is how many units the spec asks for.
+func (sc ScopeSpec) units() int { return max(sc.Units, 1) }
+
+// WaitSpec says how a ClaimSlotsWait queues.
+type WaitSpec struct {
+	TTL       time.Duration // the claim's TTL, for the unfenced form
+	Priority  int
+	Principal string // passed with WithFairShare when Weight is not 0
+	Weight    int
+	Poll      time.Duration // WithWaitPoll
 }
 
 // KeepSpec says how to keep a lease.

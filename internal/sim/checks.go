@@ -205,6 +205,7 @@ func (w *World) applied(key string, old, now *string, at time.Time, opID int) {
 		delete(w.writer, key)
 		delete(w.opWriter, key)
 	}
+	w.queueWritten(key, now, at, opID)
 	w.mu.Unlock()
 	switch {
 	case strings.HasPrefix(key, runlease.LeasePrefix):

@@ -32,9 +32,13 @@ const (
 	// then serves the call as OK; if the call's context ends first, it
 	// reports an unknown outcome without having applied the call.
 	Slow
+	// Stall is Slow for longer than the TTL (a store that stops answering
+	// for a while, or a paused process): it waits between one and two of
+	// the store's stall lengths, then serves the call as Slow.
+	Stall
 )
 
-var outcomeNames = [...]string{"ok", "fail", "lost-reply", "unsent-unknown", "hang", "hang-applied", "slow"}
+var outcomeNames = [...]string{"ok", "fail", "lost-reply", "unsent-unknown", "hang", "hang-applied", "slow", "stall"}
 
 func (o Outcome) String() string { return outcomeNames[o] }
 
@@ -42,17 +46,21 @@ func (o Outcome) String() string { return outcomeNames[o] }
 // checker can tell an injected fault from a context's error.
 var errInjected = errors.New("injected fault")
 
+// errCut is the driver error of a call made by an operation whose process
+// died (see Store.cutOff).
+var errCut = errors.New("the calling process died")
+
 // Rates are the chances of each faulty outcome for one class of call; the
 // rest of the time the call is OK.
 type Rates struct {
-	Fail, Lost, Unsent, Hang, HangApplied, Slow float64
+	Fail, Lost, Unsent, Hang, HangApplied, Slow, Stall float64
 }
 
 func (r Rates) pick(x float64) Outcome {
 	for _, c := range []struct {
 		p float64
 		o Outcome
-	}{{r.Fail, Fail}, {r.Lost, Lost}, {r.Unsent, Unsent}, {r.Hang, Hang}, {r.HangApplied, HangApplied}, {r.Slow, Slow}} {
+	}{{r.Fail, Fail}, {r.Lost, Lost}, {r.Unsent, Unsent}, {r.Hang, Hang}, {r.HangApplied, HangApplied}, {r.Slow, Slow}, {r.Stall, Stall}} {
 		if x < c.p {
 			return c.o
 		}

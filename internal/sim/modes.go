@@ -49,6 +49,28 @@ type Mode struct {
 	// pointer, whose identity the process cannot know: its Leases then
 	// tell their rows apart by the rows alone (see lineage.go).
 	ByValue bool
+	// Queue makes drivers wait for slots in the admission queue (nil: they
+	// do not).
+	Queue *QueueSpec
+}
+
+// QueueSpec is how the drivers of a mode wait for slots.
+type QueueSpec struct {
+	Principals []Principal     // one is drawn for each wait
+	Priorities []int           // one is drawn for each wait
+	Deadlines  []time.Duration // a wait's context ends after one of them
+	Poll       time.Duration   // WithWaitPoll
+	// Hold, when set, makes every wait that is admitted hold its slots for
+	// up to Hold and then release them, within the same operation, and
+	// checks the README's bound for the waiter at the head of its queues.
+	Hold time.Duration
+}
+
+// Principal is a fair-share principal and its weight (0: the claim names
+// none, and shares the principal "" with weight 1).
+type Principal struct {
+	Name   string
+	Weight int
 }
 
 // Margin is the least time by which a keeper must stop trusting before its
@@ -99,6 +121,16 @@ var leaseOps = map[string]float64{
 	"acquire": 3, "acquire-wait": 1, "renew": 2, "write": 3, "write-keeper-ctx": 2, "release": 1,
 	"keep": 3, "stop": 0.5, "keeper-release": 1, "abandon": 0.5, "close-renewer": 0.1,
 }
+
+var queueOps = map[string]float64{
+	"acquire": 2, "renew": 1.5, "release": 0.3, "wait": 4, "wait-lease": 3, "cancel-wait": 1, "abandon-wait": 0.6,
+	"claim": 0.7, "slots-renew": 1, "slots-release": 2.5, "abandon": 0.2,
+}
+
+// stalling answers some calls only after more than the TTL, so that
+// waiters stall past it, their entries expire, and others move ahead.
+var stalling = Weather{Name: "stalling", Rates: [numClasses]Rates{
+	LeaseWrite: {Stall: 0.05}, UserBatch: {Stall: 0.1}, SlotWrite: {Stall: 0.1}, Read: {Stall: 0.08}}}
 
 var slotOps = map[string]float64{
 	"acquire": 3, "keep": 3, "claim": 3, "slots-renew": 1, "slots-release": 1, "keeper-release": 1,
@@ -158,13 +190,13 @@ func init() {
 		Weather: []Weather{healthy, lossy, flaky}})
 	addMode(Mode{Name: "slots", Doc: "one scope of limit 1 and one of limit 2, kept slots, slot writes failing while lease writes go through",
 		Actors: 4, Runs: 3, Ops: slotOps, Shared: 1, WeatherP: 0.06, Yield: 0.3,
-		Scopes:  []ScopeSpec{{"mem", 1}, {"principal:p", 2}},
+		Scopes:  []ScopeSpec{{Name: "mem", Limit: 1}, {Name: "principal:p", Limit: 2}},
 		Weather: []Weather{healthy, slotsDown, lossy, flaky}})
 	addMode(Mode{Name: "limits", Doc: "hosts that disagree on a scope's limit (1 and 2), slots left to expire",
-		Actors: 3, Runs: 3, Mixed: true, Scopes: []ScopeSpec{{"mem", 1}},
+		Actors: 3, Runs: 3, Mixed: true, Scopes: []ScopeSpec{{Name: "mem", Limit: 1}},
 		Ops: map[string]float64{"claim": 4, "slots-renew": 1, "slots-release": 1, "acquire": 0.2}})
 	addMode(Mode{Name: "claims", Doc: "racing claims of one slot under unknown outcomes of slot writes",
-		Actors: 4, Runs: 4, Scopes: []ScopeSpec{{"mem", 1}}, OpP: 0.8, Yield: 0.6, WeatherP: 0.1,
+		Actors: 4, Runs: 4, Scopes: []ScopeSpec{{Name: "mem", Limit: 1}}, OpP: 0.8, Yield: 0.6, WeatherP: 0.1,
 		Ops:     map[string]float64{"acquire": 2, "claim": 6, "slots-release": 2, "abandon": 0.5},
 		Weather: []Weather{healthy, unsentSlots}})
 	addMode(Mode{Name: "keep-ttl", Doc: "Keep given a TTL option longer than the lease's",
@@ -196,9 +228,23 @@ func init() {
 		Weather: []Weather{healthy, refusing, lossy, flaky}})
 	addMode(Mode{Name: "plain", Doc: "slots on a store without batches: claims slot by slot with rollback, kept strictly or not, slot writes of unknown outcome",
 		Actors: 5, Runs: 5, Shared: 1, Plain: true, Strict: true, WeatherP: 0.06, Yield: 0.3,
-		Scopes:  []ScopeSpec{{"mem", 2}, {"principal:p", 1}},
+		Scopes:  []ScopeSpec{{Name: "mem", Limit: 2}, {Name: "principal:p", Limit: 1}},
 		Ops:     withOps(slotOps, map[string]float64{"claim": 2, "slots-release": 1, "release-kept": 0.5}),
 		Weather: []Weather{slowSlots, healthy, unsentSlots, slotsDown, flaky}})
+	addMode(Mode{Name: "queue", Doc: "ClaimSlotsWait unfenced and through leases: priorities, weighted principals, two scopes, Take(n), contexts cancelled, waiters that die, stalls past the TTL, store clock steps, plain claims beside the queue",
+		Actors: 6, Runs: 3, Steps: 140, Ops: queueOps, WeatherP: 0.06, Yield: 0.2,
+		Scopes:     []ScopeSpec{{Name: "gpu", Limit: 3}, {Name: "mem", Limit: 2}},
+		Weather:    []Weather{healthy, flaky, lossy, hanging, stalling},
+		ClockP:     0.02,
+		ClockSteps: []time.Duration{-2 * time.Second, -300 * time.Millisecond, 200 * time.Millisecond, 6 * time.Second},
+		Queue: &QueueSpec{Principals: []Principal{{"", 0}, {"a", 1}, {"b", 2}, {"a", 1}},
+			Priorities: []int{0, 0, 0, 1, -1}, Poll: 300 * time.Millisecond,
+			Deadlines: []time.Duration{400 * time.Millisecond, 2 * time.Second, 6 * time.Second, 15 * time.Second}}})
+	addMode(Mode{Name: "queue-bound", Doc: "a healthy store where every admitted waiter releases within 1.5 s: the waiter at the head of its queues is admitted within the README's bound while others keep arriving",
+		Actors: 6, Runs: 1, Steps: 140, Ops: map[string]float64{"wait": 1}, Weather: []Weather{healthy},
+		Scopes: []ScopeSpec{{Name: "gpu", Limit: 3}, {Name: "mem", Limit: 2}},
+		Queue: &QueueSpec{Principals: []Principal{{"", 0}, {"a", 1}, {"b", 3}}, Priorities: []int{0},
+			Poll: 300 * time.Millisecond, Hold: 1500 * time.Millisecond, Deadlines: []time.Duration{30 * time.Second}}})
 	addMode(Mode{Name: "clock", Doc: "store clock steps forward and back (a step forward past the margin is a fault the keeper cannot see)",
 		Ops: leaseOps, Shared: 1, ClockP: 0.05,
 		ClockSteps: []time.Duration{-2 * time.Second, -300 * time.Millisecond, 200 * time.Millisecond, 3 * time.Second}})

@@ -19,7 +19,7 @@ const (
 var structural = map[string]bool{
 	"acquire": true, "acquire-twice": true, "acquire-wait": true, "release": true, "keep": true, "keep-shared": true,
 	"stop": true, "keeper-release": true, "abandon": true, "close-renewer": true, "claim": true,
-	"slots-release": true, "reenter": true, "release-kept": true,
+	"slots-release": true, "reenter": true, "release-kept": true, "wait": true, "wait-lease": true,
 }
 
 // pruneAges are the olderThan arguments the prune operation passes.
@@ -106,6 +106,12 @@ func (w *World) validOps(a *actor) []string {
 	add("claim", held && a.slots == nil && len(w.mode.Scopes) > 0)
 	add("slots-renew", a.slots != nil && !kept)
 	add("slots-release", a.slots != nil && !kept)
+	if w.mode.Queue != nil {
+		add("wait", a.slots == nil && a.wait == nil)
+		add("wait-lease", held && a.slots == nil && a.wait == nil)
+		add("cancel-wait", waitInFlight(a) != nil)
+		add("abandon-wait", waitInFlight(a) != nil)
+	}
 	return out
 }
 
@@ -411,6 +417,12 @@ func (w *World) begin(a *actor, kind string) {
 			return
 		}
 		w.beginClaim(a, run)
+	case "wait", "wait-lease":
+		w.beginWait(a, kind, l, run, fence, epoch)
+	case "cancel-wait":
+		w.beginCancelWait(a)
+	case "abandon-wait":
+		w.beginAbandonWait(a)
 	case "slots-renew":
 		w.launch(a, "Slots.Renew "+slots.RunID(), callTimeout+promptly, func(ctx context.Context, o *op) error {
 			ctx, cancel := context.WithTimeout(ctx, callTimeout)

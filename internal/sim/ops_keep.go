@@ -216,6 +216,9 @@ func (w *World) beginClaim(a *actor, run string) {
 		w.mu.Lock()
 		a.slotRun = run
 		w.claims[run] = &claimRec{limits: limits, interfered: map[string]bool{}}
+		if w.mode.Queue != nil {
+			w.ranks[o.id] = claimRank{} // a plain claim ranks as principal "" at priority 0
+		}
 		w.mu.Unlock()
 		ctx, cancel := context.WithTimeout(ctx, callTimeout)
 		defer cancel()
@@ -230,7 +233,7 @@ func (w *World) beginClaim(a *actor, run string) {
 		w.mu.Lock()
 		delete(w.claims, run)
 		if err == nil {
-			a.slots = s
+			a.slots, a.unfenced = s, false
 			for _, h := range held {
 				delete(w.slotLosses, run+"|"+h.Key)
 			}

@@ -15,6 +15,9 @@ import (
 // mutex, at the instant it takes effect.
 type watcher interface {
 	applied(key string, old *string, now *string, at time.Time, op int)
+	// batching is told of a batch whose conditions hold, before its
+	// writes apply, and how long ago it was sent.
+	batching(ops []runlease.Op, at time.Time, op int, took time.Duration)
 }
 
 // opKey tags a context with the id of the workload operation it serves, so
@@ -42,6 +45,7 @@ type callRecord struct {
 	read     string
 	found    bool
 	delay    time.Duration // how long a Slow call waits
+	at       time.Time     // when it returned, by the bubble's clock
 }
 
 // Store is an in-memory runlease store whose every call's outcome is chosen
@@ -65,11 +69,18 @@ type Store struct {
 	// uncertainty is how far ClockNow says its reading may be from the
 	// store's true time.
 	uncertainty time.Duration
+	// stall is how long a Stall outcome waits at least (it waits up to
+	// twice as long).
+	stall time.Duration
+	// cut lists the operations whose process died: their calls fail, not
+	// applied, from then on.
+	cut map[int]bool
 }
 
 func newStore(seed uint64, w watcher, trace func(string, ...any)) *Store {
 	return &Store{rows: map[string]string{}, dec: decider{seed: seed, count: map[string]uint64{}},
-		weather: healthy, heal: make(chan struct{}), watch: w, logs: map[int][]callRecord{}, trace: trace}
+		weather: healthy, heal: make(chan struct{}), watch: w, logs: map[int][]callRecord{}, trace: trace,
+		cut: map[int]bool{}}
 }
 
 // ClockNow is the store's clock: the bubble's clock plus the steps taken.
@@ -127,6 +138,10 @@ func (s *Store) begin(ctx context.Context, op, key string, class Class) (Outcome
 		return Fail, &runlease.StorageError{Op: op, Key: key, Err: err}
 	}
 	s.mu.Lock()
+	if s.cut[opOf(ctx)] {
+		s.mu.Unlock()
+		return Fail, &runlease.StorageError{Op: op, Key: key, Err: errCut}
+	}
 	x, r := s.dec.draw(op, key)
 	o := OK
 	if !s.healed {
@@ -151,11 +166,17 @@ func (s *Store) finish(ctx context.Context, op, key string, o Outcome, conds []r
 func (s *Store) finishRec(ctx context.Context, rec callRecord, after func(*callRecord), apply func() bool) (bool, error) {
 	op, key, o := rec.op, rec.key, rec.outcome
 	var cause error = errInjected
-	if o == Slow {
+	if o == Slow || o == Stall {
 		s.mu.Lock()
 		x, _ := s.dec.draw("delay "+op, key)
+		stall := s.stall
 		s.mu.Unlock()
 		rec.delay = time.Duration(20+x*600) * time.Millisecond
+		if o == Stall {
+			rec.delay = stall + time.Duration(x*float64(stall))
+			o = Slow
+			s.trace("  %s %s → stall for %s", op, key, fmtDur(rec.delay))
+		}
 		select {
 		case <-time.After(rec.delay):
 			o, rec.outcome = OK, Slow
@@ -181,6 +202,11 @@ func (s *Store) finishRec(ctx context.Context, rec callRecord, after func(*callR
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.cut[opOf(ctx)] && o != Fail {
+		// The process died while the call was in flight: it never reached
+		// the store.
+		o, rec.outcome, cause = Unsent, Unsent, errCut
+	}
 	ok := false
 	if o == OK || o == Lost || o == HangApplied {
 		s.writer = opOf(ctx)
@@ -191,6 +217,7 @@ func (s *Store) finishRec(ctx context.Context, rec callRecord, after func(*callR
 	if after != nil {
 		after(&rec)
 	}
+	rec.at = time.Now()
 	s.logs[opOf(ctx)] = append(s.logs[opOf(ctx)], rec)
 	if o != OK {
 		s.trace("  %s %s → %s", op, key, o)
@@ -239,7 +266,7 @@ func (s *Store) MetaGet(ctx context.Context, key string) (string, bool, error) {
 	if err != nil {
 		return "", false, err
 	}
-	if o != OK && o != Fail && o != Slow {
+	if o != OK && o != Fail && o != Slow && o != Stall {
 		o = Hang
 	}
 	var v string
@@ -259,7 +286,7 @@ func (s *Store) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, er
 	if err != nil {
 		return nil, err
 	}
-	if o != OK && o != Fail && o != Slow {
+	if o != OK && o != Fail && o != Slow && o != Stall {
 		o = Hang
 	}
 	var rows []runlease.Row
@@ -331,6 +358,7 @@ func (s *Store) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runl
 	if len(conds) > 0 {
 		key = conds[0].Key
 	}
+	sent := time.Now()
 	o, err := s.begin(ctx, "MetaBatch", key, class)
 	if err != nil {
 		return false, err
@@ -341,6 +369,7 @@ func (s *Store) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runl
 				return false
 			}
 		}
+		s.watch.batching(ops, s.nowLocked(), s.writer, time.Since(sent))
 		for _, op := range ops {
 			if op.Delete {
 				s.putLocked(op.Key, nil)
@@ -410,6 +439,14 @@ func (s *Store) stepClock(d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.offset += d
+}
+
+// cutOff makes every call of operation id fail from now on, as not
+// applied, including those in flight: its process died.
+func (s *Store) cutOff(id int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cut[id] = true
 }
 
 // healAll ends every hang and every fault, for the teardown.

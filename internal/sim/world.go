@@ -49,6 +49,9 @@ type actor struct {
 	stale      Lease
 	staleFence uint64
 	staleEpoch int
+
+	wait     *waitRec // its ClaimSlotsWait in flight, if any
+	unfenced bool     // slots came from an unfenced ClaimSlotsWait: no lease vouches for them
 }
 
 // keeperRec is a keeper the workload started.
@@ -132,6 +135,19 @@ type World struct {
 	// only within one lineage.
 	epoch      map[string]int
 	leaseEpoch map[Lease]int // the lineage each lease was granted in
+
+	waits []*waitRec // every ClaimSlotsWait the workload made
+	// ranks holds, by operation, the priority and principal a claim or a
+	// wait ranks with, for the queue-order checker.
+	ranks map[int]claimRank
+	// stale holds the operations whose claim landed after its rows' life
+	// was spent (stale-admission), so it is judged once.
+	stale map[int]bool
+	// places holds, by queue key, when its entry took its place.
+	places map[string]placed
+	// hi is the latest reading of the store's clock seen: no row written
+	// before now lives past hi plus the TTL, whatever steps the clock took.
+	hi time.Time
 }
 
 // violate records a violation, once per check and subject.
