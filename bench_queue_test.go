@@ -16,12 +16,17 @@ package runlease_test
 //   - BenchmarkQueueWakeRead: the read a woken waiter makes (one scope:
 //     its slots, queue and marks in one call), at the same lengths, with
 //     its round trips and its ratio to n = 0.
+//   - BenchmarkQueueWakeWaiters: the reads of a scope that one release
+//     costs when 1 or 20 waiters of one process wait on it.
 
 import (
 	"context"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -182,4 +187,141 @@ func benchQueueLengths(b *testing.B, unit string, op func(context.Context, *benc
 			})
 		}
 	})
+}
+
+// BenchmarkQueueWakeWaiters: w waiters of one process (w = 1 and 20) wait
+// on a full scope of limit 1, through one Store value, with a poll of an
+// hour; each cycle releases the slot, and the waiter admitted holds it for
+// the next cycle while a new waiter takes its place in the queue. Reports
+// reads/release: the reads of the scope's slot rows from the release until
+// every waiter is asleep again (no read for 50 ms). The timed part is the
+// release and the admission it wakes.
+func BenchmarkQueueWakeWaiters(b *testing.B) {
+	forEachStore(b, func(b *testing.B, env *benchkit.Env) {
+		for _, w := range []int{1, 20} {
+			b.Run(fmt.Sprintf("waiters=%d", w), func(b *testing.B) {
+				benchWakeWaiters(b, env, w)
+			})
+		}
+	})
+}
+
+func benchWakeWaiters(b *testing.B, env *benchkit.Env, w int) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(b.Context())
+	defer cancel()
+	rc := &readCounter{waitStore: env.Store.(waitStore)}
+	name := "bench-wake-" + strconv.FormatInt(env.Seq(), 10)
+	scope := []runlease.Scope{runlease.NamedScope(name, 1)}
+	held, err := runlease.ClaimSlots(ctx, rc, "holder", scope)
+	if err != nil {
+		b.Fatal(err)
+	}
+	admitted, errs := make(chan *runlease.Slots, 1), make(chan error, w)
+	next := 0
+	spawn := func() {
+		next++
+		run := "waiter-" + strconv.Itoa(next)
+		wg.Go(func() {
+			sl, err := runlease.ClaimSlotsWait(ctx, rc, run, scope, runlease.WithWaitPoll(time.Hour))
+			switch {
+			case err == nil:
+				admitted <- sl
+			case ctx.Err() == nil:
+				errs <- err
+			}
+		})
+	}
+	for range w {
+		spawn()
+	}
+	if err := awaitScopeEntries(ctx, env.Store, name, w); err != nil {
+		b.Fatal(err)
+	}
+	rc.settle()
+	var reads int64
+	b.ResetTimer()
+	for range b.N {
+		r0 := rc.reads.Load()
+		if err := held.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case held = <-admitted:
+		case err := <-errs:
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		rc.settle()
+		reads += rc.reads.Load() - r0
+		spawn()
+		if err := awaitScopeEntries(ctx, env.Store, name, w); err != nil {
+			b.Fatal(err)
+		}
+		rc.settle()
+		b.StartTimer()
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(reads)/float64(b.N), "reads/release")
+	if err := held.Release(ctx); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// waitStore is what a built-in store offers a waiter.
+type waitStore interface {
+	runlease.Store
+	runlease.Batcher
+	runlease.DeleteNotifier
+	runlease.MultiScanner
+}
+
+// readCounter counts the reads of slot rows through a built-in store: a
+// MetaScanMany, or a MetaScan of slot rows.
+type readCounter struct {
+	waitStore
+	reads atomic.Int64
+}
+
+func (c *readCounter) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, error) {
+	if strings.HasPrefix(prefix, runlease.SlotPrefix) {
+		c.reads.Add(1)
+	}
+	return c.waitStore.MetaScan(ctx, prefix)
+}
+
+func (c *readCounter) MetaScanMany(ctx context.Context, prefixes []string) ([][]runlease.Row, error) {
+	c.reads.Add(1)
+	return c.waitStore.MetaScanMany(ctx, prefixes)
+}
+
+// settle waits until no read has been made for 50 ms.
+func (c *readCounter) settle() {
+	for last := int64(-1); ; {
+		n := c.reads.Load()
+		if n == last {
+			return
+		}
+		last = n
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// awaitScopeEntries waits until the queue of scope holds n rows.
+func awaitScopeEntries(ctx context.Context, s runlease.Store, scope string, n int) error {
+	prefix := runlease.QueuePrefix + strconv.Itoa(len(scope)) + ":" + scope + ":"
+	for {
+		rows, err := s.MetaScan(ctx, prefix)
+		if err != nil {
+			return err
+		}
+		if len(rows) == n {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
 }

@@ -123,8 +123,9 @@ func (l *Lease) ClaimSlotsWait(ctx context.Context, scopes []Scope, opts ...Opti
 var errNoBatch = errors.New("store is not a Batcher")
 
 // waiter is one call of ClaimSlotsWait: its state belongs to the calling
-// goroutine alone, so it needs no lock. It shares nothing with other
-// waiters but the store.
+// goroutine alone, so it needs no lock. It shares with the other waiters of
+// the process only the store and its rooms (queue_room.go): their
+// subscriptions and their reads of a scope.
 type waiter struct {
 	s      *Slots
 	scopes []Scope
@@ -141,7 +142,12 @@ type waiter struct {
 	queued   bool
 	wroteAt  time.Time // local monotonic start of the last entry write that landed
 	queuedAt time.Time // when the run took its current place
-	sub      queueSub
+
+	rooms []*room       // per scope, the room it waits in
+	wake  chan struct{} // the rooms' wake-ups, merged: one pending at most
+	// fresh is the roomClock tick its next read must follow: the last
+	// ring that woke it, its last write, or the moment it chose to look.
+	fresh uint64
 }
 
 func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, commit func(context.Context, []Cond, []Op) error) (*Slots, error) {
@@ -170,8 +176,10 @@ func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, comm
 	for _, sc := range scopes {
 		w.me.Scopes = append(w.me.Scopes, sc.name)
 	}
-	w.sub = subscribeQueues(s.store, scopes)
-	defer w.sub.cancel()
+	w.wake = make(chan struct{}, 1)
+	w.rooms = joinRooms(s.store, scopes, w.wake)
+	defer leaveRooms(w.rooms, w.wake)
+	w.fresh = roomTick()
 	held, err := w.run(ctx)
 	if err != nil {
 		w.leave(ctx)
@@ -194,6 +202,7 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 		}
 		states, err := w.read(ctx)
 		if err != nil {
+			w.fresh = roomTick() // a failed read tells nothing: any later one will do
 			if retryableFault(ctx, err) {
 				if err := claimBackoff(ctx, try, "MetaScan"); err != nil {
 					return nil, err
@@ -212,6 +221,9 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 		plans, admitted, next := w.plan(states, rank)
 		if admitted {
 			held, err := w.admit(ctx, states, rank, plans)
+			// Read what follows the write, whatever it did: a refusal
+			// means a row changed since the (perhaps shared) read.
+			w.fresh = roomTick()
 			switch {
 			case err == nil:
 				return held, nil
@@ -242,15 +254,19 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 	}
 }
 
-// read reads every scope the run waits for.
+// read reads every scope the run waits for, from scans that started after
+// tick w.fresh, shared with the other waiters of its rooms; each waiter
+// decodes the shared rows for its own run.
 func (w *waiter) read(ctx context.Context) ([]*scopeState, error) {
 	states := make([]*scopeState, len(w.scopes))
 	for i, sc := range w.scopes {
-		st, err := readScope(ctx, w.s.store, sc, w.s.runID, w.s.o, true)
+		raw, err := w.rooms[i].rows(ctx, w.fresh, min(w.s.o.poll, joinPatience))
 		if err != nil {
 			return nil, err
 		}
-		states[i] = st
+		if states[i], err = decodeScope(sc, w.s.runID, w.s.o, raw); err != nil {
+			return nil, err
+		}
 	}
 	return states, nil
 }
@@ -457,6 +473,7 @@ func (w *waiter) keepPlace(ctx context.Context, states []*scopeState, rank *queu
 	// batches): leave finds them by the waiter's id.
 	w.wrote = true
 	ok, err := w.putEntries(ctx, conds, ops)
+	w.fresh = roomTick() // the next read must show what this write did
 	if err != nil || !ok {
 		if w.queued {
 			w.requeued("its entries changed under it")
@@ -528,7 +545,13 @@ func (w *waiter) sleep(ctx context.Context, nextMS int64) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-t.C:
-	case <-w.sub.wake:
+		w.fresh = roomTick()
+	case <-w.wake:
+		// Every waiter woken by one ring needs the same: a scan started
+		// after it, the first of which they all share.
+		for _, r := range w.rooms {
+			w.fresh = max(w.fresh, r.lastRing())
+		}
 	}
 	return nil
 }
@@ -569,47 +592,3 @@ func (w *waiter) leave(ctx context.Context) {
 // leaveTimeout bounds how long a waiter whose context ended spends taking
 // its entries out.
 const leaveTimeout = 2 * time.Second
-
-// queueSub is a waiter's subscription to the wake-ups of its scopes'
-// queues, merged into one channel.
-type queueSub struct {
-	wake   <-chan struct{}
-	cancel func()
-}
-
-func subscribeQueues(store Store, scopes []Scope) queueSub {
-	n, ok := store.(Notifier)
-	if !ok {
-		return queueSub{cancel: func() {}}
-	}
-	if len(scopes) == 1 {
-		ch, cancel := n.Subscribe(queueBell(scopes[0].name))
-		return queueSub{wake: ch, cancel: cancel}
-	}
-	merged := make(chan struct{}, 1)
-	done := make(chan struct{})
-	cancels := make([]func(), 0, len(scopes))
-	for _, sc := range scopes {
-		ch, cancel := n.Subscribe(queueBell(sc.name))
-		cancels = append(cancels, cancel)
-		go func() {
-			for {
-				select {
-				case <-done:
-					return
-				case <-ch:
-					select {
-					case merged <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}()
-	}
-	return queueSub{wake: merged, cancel: func() {
-		close(done)
-		for _, c := range cancels {
-			c()
-		}
-	}}
-}

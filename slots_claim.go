@@ -383,26 +383,47 @@ type scopeState struct {
 // two scans, not three. A waiter always reads them (marks true): its place
 // starts where they say even in an empty queue.
 func readScope(ctx context.Context, store Store, sc Scope, runID string, o options, marks bool) (*scopeState, error) {
-	var rows, qrows, mrows []Row
-	var err error
+	raw, err := scanScope(ctx, store, sc, marks)
+	if err != nil {
+		return nil, err
+	}
+	return decodeScope(sc, runID, o, raw)
+}
+
+// scopeRows is what the scans of one scope returned: its slot rows, its
+// queue entries and its fair-share marks. A waiter's rows may be shared with
+// the other waiters of its process (queue_room.go), so decodeScope only
+// reads them.
+type scopeRows struct{ slots, queue, marks []Row }
+
+// scanScope scans a scope's slots, queue and marks (see readScope for when
+// the marks are read).
+func scanScope(ctx context.Context, store Store, sc Scope, marks bool) (scopeRows, error) {
 	if _, many := store.(MultiScanner); many || marks {
 		all, err := scanMany(ctx, store, sc.prefix(), queueScopePrefix(sc.name), fairScopePrefix(sc.name))
 		if err != nil {
-			return nil, err
+			return scopeRows{}, err
 		}
-		rows, qrows, mrows = all[0], all[1], all[2]
-	} else {
-		all, err := scanMany(ctx, store, sc.prefix(), queueScopePrefix(sc.name))
-		if err != nil {
-			return nil, err
-		}
-		rows, qrows = all[0], all[1]
-		if len(qrows) > 0 {
-			if mrows, err = store.MetaScan(ctx, fairScopePrefix(sc.name)); err != nil {
-				return nil, err
-			}
+		return scopeRows{all[0], all[1], all[2]}, nil
+	}
+	all, err := scanMany(ctx, store, sc.prefix(), queueScopePrefix(sc.name))
+	if err != nil {
+		return scopeRows{}, err
+	}
+	raw := scopeRows{slots: all[0], queue: all[1]}
+	if len(raw.queue) > 0 {
+		if raw.marks, err = store.MetaScan(ctx, fairScopePrefix(sc.name)); err != nil {
+			return scopeRows{}, err
 		}
 	}
+	return raw, nil
+}
+
+// decodeScope judges one scope's rows as of now, for runID. It never writes
+// through raw: the slot rows it points into may be shared.
+func decodeScope(sc Scope, runID string, o options, raw scopeRows) (*scopeState, error) {
+	rows, qrows, mrows := raw.slots, raw.queue, raw.marks
+	var err error
 	now := o.nowMS()
 	st := &scopeState{nowMS: now, taken: make(map[int]takenSlot, len(rows)), holders: map[string]int{},
 		entryRows: make(map[string]string, len(qrows))}

@@ -1,0 +1,289 @@
+package runlease
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A room is where the waiters of one process wait for one scope of one
+// store: it holds the one subscription of the scope's bell that all of them
+// share, and it lets them share their reads of the scope, so that a release
+// costs the store one read per waiting process, not one per waiting call.
+//
+// A waiter's read is a freshness requirement: the rows must come from a
+// scan that started after some moment (its need). A waiter woken by a ring
+// needs a scan started after the ring arrived, so every waiter woken by one
+// ring shares the first such scan; a waiter woken by its timer, reading for
+// the first time, or reading again after a write of its own (its entries,
+// or an admission the store refused) needs a scan started after that
+// moment, so it always sees its own writes and never decides on a read its
+// own last move may have changed.
+//
+// Moments are ticks of roomClock, not readings of a clock: a scan counts as
+// fresh only if its tick was taken after the need's, which orders them as
+// the program does even where two readings of a clock would be equal (a
+// coarse clock, or the frozen clock of a test bubble).
+//
+// Sharing reads never weakens the limit: every admission is one batch
+// conditional on every slot row, queue entry and mark it was planned from
+// (on a store without batches, each slot is a write conditional on its row
+// as read), so a waiter that planned on rows that changed since they were
+// scanned is refused (ErrConditionFailed) and reads again, with need set
+// to after the refusal. A stale shared read costs a retry, never an
+// over-admission; decoding stays per waiter and never writes through the
+// shared rows (decodeScope).
+//
+// Rooms are keyed by the Store value the waiters call, not by the store's
+// identity through Unwrap (lineage.go): the room reads and subscribes
+// through one of its waiters' Store values, and two values of one identity
+// may differ in what they do (a decorator that counts, traces, injects
+// faults or hides a capability such as Notifier). Equal Store values are
+// one room; a process that reaches one database through two Store values
+// makes one read per value, still not one per waiter.
+//
+// rooms.mu is a leaf lock, held only to find, make or remove a room and to
+// count its members; a room's mu is a leaf lock too, held only to record a
+// ring, to pick, start or finish a scan, and to add or remove a waiter's
+// wake-up channel. They are never held together, nor across store calls.
+var rooms = struct {
+	mu sync.Mutex
+	m  map[roomKey]*room
+}{m: map[roomKey]*room{}}
+
+type roomKey struct {
+	store Store
+	scope string
+}
+
+// roomClock orders the rooms' rings, the starts of their scans and the
+// moments waiters need their reads to follow.
+var roomClock atomic.Uint64
+
+func roomTick() uint64 { return roomClock.Add(1) }
+
+// room is one scope of one Store value, while a waiter of the process waits
+// for it.
+type room struct {
+	store Store
+	sc    Scope
+
+	refs int // the waiters in the room; guarded by rooms.mu
+
+	// Set before ready is closed, read only after it is.
+	ready  chan struct{} // closed once the subscription is in place
+	stop   chan struct{} // closed to end fanOut (nil: no subscription)
+	exited chan struct{} // closed when fanOut has returned
+	cancel func()        // ends the subscription
+
+	mu      sync.Mutex
+	waiters map[chan struct{}]struct{} // each waiter's wake-up channel
+	ringSeq uint64                     // the tick of the latest ring
+	rings   uint64                     // how many rings were fanned out
+	flight  *roomScan                  // the latest scan in flight, if any
+	last    *roomScan                  // the latest scan that succeeded, if any
+}
+
+// roomScan is one scan of a room's scope. raw and err are written by the
+// scan's starter before done is closed and only read after; raw is never
+// written through by anyone (decodeScope only reads it).
+type roomScan struct {
+	seq  uint64 // tick taken before the scan was sent
+	done chan struct{}
+	raw  scopeRows
+	err  error
+	cut  bool // it failed because its starter's context ended, or the store panicked
+}
+
+// joinRooms puts a waiter whose wake-up channel is wake into the room of
+// each of scopes, making the rooms that do not exist yet. When it returns,
+// every room's subscription is in place and will wake wake, so a read that
+// follows sees every release a later ring announces.
+func joinRooms(store Store, scopes []Scope, wake chan struct{}) []*room {
+	out := make([]*room, len(scopes))
+	for i, sc := range scopes {
+		out[i] = joinRoom(store, sc, wake)
+	}
+	return out
+}
+
+func joinRoom(store Store, sc Scope, wake chan struct{}) *room {
+	k := roomKey{store: store, scope: sc.name}
+	rooms.mu.Lock()
+	r := rooms.m[k]
+	made := r == nil
+	if made {
+		r = &room{store: store, sc: sc, ready: make(chan struct{}), waiters: map[chan struct{}]struct{}{}}
+		rooms.m[k] = r
+	}
+	r.refs++ // a room in the map has a member: this one keeps it there
+	rooms.mu.Unlock()
+	if made {
+		r.open() // outside rooms.mu: Subscribe is a store call
+	}
+	<-r.ready
+	r.mu.Lock()
+	r.waiters[wake] = struct{}{}
+	r.mu.Unlock()
+	return r
+}
+
+// open subscribes to the room's bell, when the store rings it, and starts
+// the one goroutine that fans its rings out.
+func (r *room) open() {
+	defer close(r.ready)
+	n, ok := r.store.(Notifier)
+	if !ok {
+		r.cancel = func() {}
+		return
+	}
+	ch, cancel := n.Subscribe(queueBell(r.sc.name))
+	r.cancel, r.stop, r.exited = cancel, make(chan struct{}), make(chan struct{})
+	go r.fanOut(ch)
+}
+
+// fanOut records the tick of each ring and wakes every waiter of the room.
+// A wake-up is sent without blocking: a waiter's channel holds one, and a
+// waiter that has not looked yet will read after this ring anyway.
+func (r *room) fanOut(ch <-chan struct{}) {
+	defer close(r.exited)
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-ch:
+		}
+		r.mu.Lock()
+		r.ringSeq = roomTick()
+		r.rings++
+		for w := range r.waiters {
+			select {
+			case w <- struct{}{}:
+			default:
+			}
+		}
+		r.mu.Unlock()
+	}
+}
+
+// leaveRooms takes the waiter whose wake-up channel is wake out of rs. The
+// last waiter to leave a room removes it, ends its goroutine (waiting for
+// it) and its subscription.
+func leaveRooms(rs []*room, wake chan struct{}) {
+	for _, r := range rs {
+		r.leave(wake)
+	}
+}
+
+func (r *room) leave(wake chan struct{}) {
+	r.mu.Lock()
+	delete(r.waiters, wake)
+	r.mu.Unlock()
+	rooms.mu.Lock()
+	r.refs--
+	last := r.refs == 0
+	if last {
+		delete(rooms.m, roomKey{store: r.store, scope: r.sc.name})
+	}
+	rooms.mu.Unlock()
+	if !last {
+		return
+	}
+	if r.stop != nil {
+		close(r.stop)
+		<-r.exited
+	}
+	r.cancel()
+}
+
+// lastRing returns the tick of the room's latest ring (0: none yet).
+func (r *room) lastRing() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ringSeq
+}
+
+// rows returns the rows of the room's scope from a scan that started after
+// tick need: the latest one that succeeded, if it did; else the one in
+// flight, if it did, which the call waits for; else a scan of its own,
+// sent with ctx, which later calls may share.
+//
+// A joiner whose ctx ends first returns ctx's error. A scan that failed
+// because its starter's context ended says nothing about the store, so a
+// joiner whose own ctx is live reads again rather than share that error;
+// any other error is shared, and the caller's retry handles it as it would
+// its own. A joiner waits for a scan at most patience, then reads on its
+// own: a scan stuck on one bad connection holds up only its starter, as it
+// would without sharing.
+func (r *room) rows(ctx context.Context, need uint64, patience time.Duration) (scopeRows, error) {
+	for {
+		r.mu.Lock()
+		if l := r.last; l != nil && l.seq > need {
+			r.mu.Unlock()
+			return l.raw, nil
+		}
+		if f := r.flight; f != nil && f.seq > need {
+			r.mu.Unlock()
+			raw, again, err := f.join(ctx, patience)
+			if !again {
+				return raw, err
+			}
+			need = max(need, f.seq) // a newer scan, or one of its own
+			continue
+		}
+		f := &roomScan{seq: roomTick(), done: make(chan struct{})}
+		r.flight = f
+		r.mu.Unlock()
+		r.scan(ctx, f)
+		return f.raw, f.err
+	}
+}
+
+// joinPatience bounds how long a waiter waits for a scan another waiter
+// sent before it sends its own; a waiter whose poll is shorter waits at
+// most its poll.
+const joinPatience = time.Second
+
+// join waits for f, and returns what it read, or again when the caller
+// must read on its own: f failed because its starter's context ended (not
+// the caller's), or it took longer than patience.
+func (f *roomScan) join(ctx context.Context, patience time.Duration) (raw scopeRows, again bool, err error) {
+	t := time.NewTimer(patience)
+	defer t.Stop()
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		return scopeRows{}, false, ctx.Err()
+	case <-t.C:
+		return scopeRows{}, true, nil
+	}
+	if f.cut && ctx.Err() == nil {
+		return scopeRows{}, true, nil
+	}
+	return f.raw, false, f.err
+}
+
+// scan runs f, records it as the room's latest success when it is one, and
+// releases its joiners, even if the store panics.
+func (r *room) scan(ctx context.Context, f *roomScan) {
+	f.err, f.cut = errScanAborted, true
+	defer func() {
+		r.mu.Lock()
+		if r.flight == f {
+			r.flight = nil
+		}
+		if f.err == nil && (r.last == nil || f.seq > r.last.seq) {
+			r.last = f
+		}
+		r.mu.Unlock()
+		close(f.done)
+	}()
+	f.raw, f.err = scanScope(ctx, r.store, r.sc, true)
+	f.cut = f.err != nil && ctx.Err() != nil
+}
+
+// errScanAborted marks a scan whose starter never returned from the store
+// (it panicked); its joiners read again, so it is never returned.
+var errScanAborted = errors.New("shared scan aborted")

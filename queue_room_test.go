@@ -1,0 +1,346 @@
+package runlease
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/areev/runlease/internal/pgtest"
+)
+
+// roomStore is what a built-in store offers a waiter.
+type roomStore interface {
+	Store
+	Batcher
+	DeleteNotifier
+}
+
+// scanCounter passes every call through to a built-in store and counts the
+// reads of slot rows (one per read of a scope, whether a MetaScanMany or
+// three MetaScans) and the admission batches the store refused. It hides
+// MultiScanner; multiScanCounter adds it back.
+type scanCounter struct {
+	roomStore
+	reads, refused atomic.Int64
+}
+
+func (c *scanCounter) MetaScan(ctx context.Context, prefix string) ([]Row, error) {
+	if strings.HasPrefix(prefix, SlotPrefix) {
+		c.reads.Add(1)
+	}
+	return c.roomStore.MetaScan(ctx, prefix)
+}
+
+func (c *scanCounter) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (bool, error) {
+	ok, err := c.roomStore.MetaBatch(ctx, conds, ops)
+	if err == nil && !ok {
+		c.refused.Add(1)
+	}
+	return ok, err
+}
+
+type multiScanCounter struct{ *scanCounter }
+
+func (c multiScanCounter) MetaScanMany(ctx context.Context, prefixes []string) ([][]Row, error) {
+	c.reads.Add(1)
+	return c.roomStore.(MultiScanner).MetaScanMany(ctx, prefixes)
+}
+
+// roomStores runs fn on a SQLite store in t.TempDir() and, when the
+// Postgres tests are enabled, on a fresh table of the test server.
+func roomStores(t *testing.T, fn func(t *testing.T, s roomStore)) {
+	t.Run("sqlite", func(t *testing.T) {
+		fn(t, roomSQLite(t))
+	})
+	t.Run("postgres", func(t *testing.T) {
+		pool := pgtest.Pool(t)
+		s, err := NewPostgres(t.Context(), pool, WithTable(pgtest.NewTable(t, pool)))
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		fn(t, s)
+	})
+}
+
+func roomSQLite(t *testing.T) *SQLiteStore {
+	t.Helper()
+	s, err := OpenSQLite(filepath.Join(t.TempDir(), "runs.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// roomOf returns the room of store and scope, nil when there is none.
+func roomOf(store Store, scope string) *room {
+	rooms.mu.Lock()
+	defer rooms.mu.Unlock()
+	return rooms.m[roomKey{store: store, scope: scope}]
+}
+
+// roomRings returns how many rings the room of store and scope fanned out.
+func roomRings(store Store, scope string) int64 {
+	r := roomOf(store, scope)
+	if r == nil {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return int64(r.rings)
+}
+
+// settle waits until the waiters have gone back to sleep: no read or ring
+// for 300 ms.
+func settle(t *testing.T, c *scanCounter, store Store, scope string) {
+	t.Helper()
+	reads, rings := int64(-1), int64(-1)
+	require.Eventually(t, func() bool {
+		r, g := c.reads.Load(), roomRings(store, scope)
+		quiet := r == reads && g == rings
+		reads, rings = r, g
+		return quiet
+	}, 30*time.Second, 300*time.Millisecond)
+}
+
+// TestAProcesssWaitersShareOneReadPerRing: 20 waiters of one process wait
+// on a full scope; one slot is released. From the release until every
+// waiter is asleep again, the scope is read at most once per ring the room
+// fanned out, plus once per admission the store refused (its waiter reads
+// again, after the refusal). Each waiter reading for itself made 20 reads
+// of the ring.
+func TestAProcesssWaitersShareOneReadPerRing(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	roomStores(t, func(t *testing.T, s roomStore) {
+		t.Parallel()
+		for _, many := range []bool{true, false} {
+			t.Run("multiscan="+strconv.FormatBool(many), func(t *testing.T) {
+				c := &scanCounter{roomStore: s}
+				var store Store = c
+				if many {
+					store = multiScanCounter{c}
+				}
+				name := "shared-" + strconv.FormatBool(many)
+				scopes := []Scope{NamedScope(name, 1)}
+				held, err := ClaimSlots(t.Context(), store, "holder", scopes)
+				require.NoError(t, err)
+
+				ctx, cancel := context.WithCancel(t.Context())
+				admitted := make(chan *Slots, n)
+				var wg sync.WaitGroup
+				defer func() { cancel(); wg.Wait() }()
+				for i := range n {
+					wg.Go(func() {
+						sl, err := ClaimSlotsWait(ctx, store, "waiter-"+strconv.Itoa(i), scopes, WithWaitPoll(time.Hour))
+						if err == nil {
+							admitted <- sl
+						}
+					})
+				}
+				require.Eventually(t, func() bool {
+					q, err := s.MetaScan(t.Context(), queueScopePrefix(name))
+					return err == nil && len(q) == n
+				}, 30*time.Second, time.Millisecond)
+				settle(t, c, store, name)
+
+				reads, rings, refused := c.reads.Load(), roomRings(store, name), c.refused.Load()
+				require.NoError(t, held.Release(t.Context()))
+				var sl *Slots
+				select {
+				case sl = <-admitted:
+				case <-time.After(30 * time.Second):
+					t.Fatal("no waiter was admitted after the release")
+				}
+				settle(t, c, store, name)
+				reads, rings, refused = c.reads.Load()-reads, roomRings(store, name)-rings, c.refused.Load()-refused
+				t.Logf("%d reads, %d rings, %d refused admissions", reads, rings, refused)
+				assert.GreaterOrEqual(t, rings, int64(1), "the release rang")
+				assert.GreaterOrEqual(t, reads, int64(1), "the woken waiters read the scope")
+				assert.LessOrEqual(t, reads, rings+refused, "one read per ring, whatever the number of waiters")
+				require.NoError(t, sl.Release(t.Context()))
+			})
+		}
+	})
+}
+
+// gatedScans is a store whose first scans wait for a gate to open, or for
+// their context to end; later ones pass at once.
+type gatedScans struct {
+	roomStore
+	gate  chan struct{}
+	gated int64 // how many of the first scans wait
+	scans atomic.Int64
+}
+
+func (g *gatedScans) MetaScanMany(ctx context.Context, prefixes []string) ([][]Row, error) {
+	if g.scans.Add(1) > g.gated {
+		return g.roomStore.(MultiScanner).MetaScanMany(ctx, prefixes)
+	}
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return nil, &StorageError{Op: "MetaScanMany", Err: ctx.Err()}
+	}
+	return g.roomStore.(MultiScanner).MetaScanMany(ctx, prefixes)
+}
+
+func TestAWaiterWhoseScanPartnerIsCancelledStillGetsItsRead(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s := roomSQLite(t)
+		g := &gatedScans{roomStore: s, gate: make(chan struct{}), gated: 2}
+		sc := NamedScope("gated", 2)
+		_, err := ClaimSlots(t.Context(), s, "holder", []Scope{sc})
+		require.NoError(t, err)
+
+		wakeA, wakeB := make(chan struct{}, 1), make(chan struct{}, 1)
+		roomsA := joinRooms(g, []Scope{sc}, wakeA)
+		roomsB := joinRooms(g, []Scope{sc}, wakeB)
+		defer leaveRooms(roomsB, wakeB)
+		defer leaveRooms(roomsA, wakeA)
+		require.Same(t, roomsA[0], roomsB[0], "one room for the scope")
+
+		// Both need a read after the same moment, as two waiters woken by
+		// one ring do.
+		need := roomTick()
+		ctxA, cancelA := context.WithCancel(t.Context())
+		errA := make(chan error, 1)
+		go func() {
+			_, err := roomsA[0].rows(ctxA, need, joinPatience)
+			errA <- err
+		}()
+		synctest.Wait()
+		type result struct {
+			raw scopeRows
+			err error
+		}
+		resB := make(chan result, 1)
+		go func() {
+			raw, err := roomsB[0].rows(t.Context(), need, joinPatience)
+			resB <- result{raw, err}
+		}()
+		synctest.Wait()
+		require.Equal(t, int64(1), g.scans.Load(), "B joined A's scan rather than sending its own")
+
+		cancelA()
+		synctest.Wait()
+		require.ErrorIs(t, <-errA, context.Canceled, "A returns its own context's error")
+		require.Empty(t, resB, "B does not share A's context error")
+		assert.Equal(t, int64(2), g.scans.Load(), "B sent a scan of its own")
+
+		close(g.gate)
+		synctest.Wait()
+		b := <-resB
+		require.NoError(t, b.err)
+		require.Len(t, b.raw.slots, 1)
+		assert.Equal(t, SlotPrefix+"gated:0", b.raw.slots[0].Key)
+	})
+}
+
+// TestAWaiterDoesNotWaitLongForAStuckScan: a scan that does not return (a
+// connection that stopped answering) holds up its joiners for joinPatience,
+// after which each reads on its own.
+func TestAWaiterDoesNotWaitLongForAStuckScan(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s := roomSQLite(t)
+		g := &gatedScans{roomStore: s, gate: make(chan struct{}), gated: 1}
+		sc := NamedScope("stuck", 1)
+		_, err := ClaimSlots(t.Context(), s, "holder", []Scope{sc})
+		require.NoError(t, err)
+		wakeA, wakeB := make(chan struct{}, 1), make(chan struct{}, 1)
+		roomsA := joinRooms(g, []Scope{sc}, wakeA)
+		roomsB := joinRooms(g, []Scope{sc}, wakeB)
+		defer leaveRooms(roomsB, wakeB)
+		defer leaveRooms(roomsA, wakeA)
+
+		need := roomTick()
+		ctxA, cancelA := context.WithCancel(t.Context())
+		errA := make(chan error, 1)
+		go func() {
+			_, err := roomsA[0].rows(ctxA, need, joinPatience)
+			errA <- err
+		}()
+		synctest.Wait()
+		start := time.Now()
+		resB := make(chan error, 1)
+		go func() {
+			raw, err := roomsB[0].rows(t.Context(), need, joinPatience)
+			if err == nil && len(raw.slots) != 1 {
+				err = errors.New("B read no slot row")
+			}
+			resB <- err
+		}()
+		synctest.Wait()
+		require.Equal(t, int64(1), g.scans.Load(), "B joined A's scan")
+		require.Empty(t, resB)
+
+		time.Sleep(joinPatience)
+		synctest.Wait()
+		require.NoError(t, <-resB)
+		assert.Equal(t, joinPatience, time.Since(start), "B gave up on A's scan after joinPatience")
+		assert.Equal(t, int64(2), g.scans.Load(), "and sent its own")
+		require.Empty(t, errA, "A still waits for its own scan")
+		cancelA()
+		require.ErrorIs(t, <-errA, context.Canceled)
+	})
+}
+
+// TestNoSubscriptionOrGoroutineOutlivesARoomsLastWaiter: waiters of one
+// process share one subscription per scope, and when the last waiter of a
+// room leaves, the room, its subscription and its goroutine are gone. It
+// does not call t.Parallel, so that no other test starts goroutines
+// meanwhile.
+func TestNoSubscriptionOrGoroutineOutlivesARoomsLastWaiter(t *testing.T) {
+	roomStores(t, func(t *testing.T, s roomStore) {
+		before := goleak.IgnoreCurrent()
+		var subs *subscribers
+		switch s := s.(type) {
+		case *SQLiteStore:
+			subs = &s.subs
+		case *PostgresStore:
+			subs = &s.listen.subs
+		}
+		perKey := func(scope string) int {
+			subs.mu.Lock()
+			defer subs.mu.Unlock()
+			return len(subs.byKey[queueBell(scope)])
+		}
+		full := []Scope{NamedScope("a", 1), NamedScope("b", 1)}
+		_, err := ClaimSlots(t.Context(), s, "holder", full)
+		require.NoError(t, err)
+
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		for i, scopes := range [][]Scope{full, full[:1], full[1:], full} {
+			wg.Go(func() {
+				_, err := ClaimSlotsWait(ctx, s, "waiter-"+strconv.Itoa(i), scopes, WithWaitPoll(time.Hour))
+				assert.ErrorIs(t, err, context.Canceled)
+			})
+		}
+		require.Eventually(t, func() bool {
+			q, err := s.MetaScan(t.Context(), QueuePrefix)
+			return err == nil && len(q) == 6
+		}, 30*time.Second, time.Millisecond)
+		assert.Equal(t, 1, perKey("a"), "three waiters of scope a, one subscription")
+		assert.Equal(t, 1, perKey("b"), "three waiters of scope b, one subscription")
+
+		cancel()
+		wg.Wait()
+		assert.Nil(t, roomOf(s, "a"), "the room is gone with its last waiter")
+		assert.Nil(t, roomOf(s, "b"))
+		assert.Zero(t, perKey("a"), "and its subscription")
+		assert.Zero(t, perKey("b"))
+		require.NoError(t, s.(interface{ Close() error }).Close())
+		goleak.VerifyNone(t, before)
+	})
+}
