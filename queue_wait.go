@@ -182,8 +182,12 @@ func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, comm
 	w.fresh = roomTick()
 	held, err := w.run(ctx)
 	if err != nil {
-		w.leave(ctx)
-		w.freePending(ctx)
+		// One bound for both: the call returns within leaveTimeout of the
+		// end of its context, whatever the store does meanwhile.
+		cleanup, cancel := cleanupContext(ctx)
+		w.leave(cleanup)
+		w.freePending(cleanup)
+		cancel()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -225,8 +229,16 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 			// means a row changed since the (perhaps shared) read.
 			w.fresh = roomTick()
 			switch {
-			case err == nil:
+			case err == nil && w.trusted(held):
 				return held, nil
+			case err == nil:
+				// Landed, or confirmed, a TTL less the margin after the
+				// attempt began, from which its rows were stamped: they are
+				// expiring or gone, and others may have been admitted over
+				// its entries meanwhile. Give them back and queue again.
+				w.giveBack(ctx, held)
+				w.requeued("its admission was confirmed after its trust window ran out")
+				continue
 			case errors.Is(err, ErrConditionFailed):
 				continue // a slot or an entry changed since the read: read again
 			case retryableFault(ctx, err):
@@ -382,15 +394,43 @@ func (w *waiter) markWrites(states []*scopeState, rank *queueEntry) ([]Cond, []O
 // freePending deletes the slots of an admission whose outcome was not
 // known, where they hold the rows it sent, with a context of its own.
 func (w *waiter) freePending(ctx context.Context) {
-	if len(w.pending) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
-	defer cancel()
-	for _, h := range w.pending {
+	w.free(ctx, w.pending)
+	w.pending = nil
+}
+
+// free deletes held, where each slot still holds the row sent for it.
+func (w *waiter) free(ctx context.Context, held []*heldSlot) {
+	for _, h := range held {
 		_, _ = deleteRinging(ctx, w.s.store, h.key, h.seen, h.scope)
 	}
-	w.pending = nil
+}
+
+// giveBack frees the slots of an admission the run cannot trust, with a
+// context of its own: one that fails expires with its rows.
+func (w *waiter) giveBack(ctx context.Context, held []*heldSlot) {
+	cleanup, cancel := cleanupContext(ctx)
+	defer cancel()
+	w.free(cleanup, held)
+}
+
+// trusted reports whether every slot of an admission that landed is still
+// within its trust window (Slots.trustEnd): counted from the start of the
+// attempt, and ended by the clock that judges expiry too.
+func (w *waiter) trusted(held []*heldSlot) bool {
+	now, nowMS := time.Now(), w.s.o.nowMS()
+	for _, h := range held {
+		if !now.Before(w.s.trustEnd(h, now, nowMS)) {
+			return false
+		}
+	}
+	return true
+}
+
+// cleanupContext returns the context of a waiter's clean-up after ctx may
+// have ended: ctx's values, and at most leaveTimeout. Callers pass it down
+// rather than each making their own, so that the bound holds for them all.
+func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
 }
 
 // aloneInQueue fails with an [*AlreadyQueuedError] when another call
@@ -425,7 +465,9 @@ func (w *waiter) admitSlotBySlot(ctx context.Context, plans [][]slotCandidate, m
 	}
 	held := s.held
 	s.held = nil
-	w.leave(ctx)
+	cleanup, cancel := cleanupContext(ctx)
+	w.leave(cleanup)
+	cancel()
 	for i := range mops {
 		_, _ = casResolved(ctx, s.store, mops[i].Key, mconds[i].Value, mops[i].Value)
 	}
@@ -557,15 +599,14 @@ func (w *waiter) sleep(ctx context.Context, nextMS int64) error {
 }
 
 // leave takes the run's entries out of the queues, waking the waiters
-// behind it, with a context of its own: the caller's may have ended. An
-// entry it cannot take out expires after the TTL.
+// behind it, with ctx, which its callers make with cleanupContext (the
+// waiter's own may have ended). An entry it cannot take out expires after
+// the TTL.
 func (w *waiter) leave(ctx context.Context) {
 	w.queued = false
 	if !w.wrote {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
-	defer cancel()
 	for i, sc := range w.scopes {
 		// Deleted only while it is a row this waiter wrote, live or
 		// expired: a newer waiter's place is never touched. The row last
@@ -590,5 +631,7 @@ func (w *waiter) leave(ctx context.Context) {
 }
 
 // leaveTimeout bounds how long a waiter whose context ended spends taking
-// its entries out.
+// its entries out and freeing the slots of an admission in doubt, both
+// together, and how long it spends giving back an admission it cannot
+// trust.
 const leaveTimeout = 2 * time.Second

@@ -168,6 +168,14 @@ var catalog = []mutation{
 		Pkg: ".", Tests: with(keeperTests, sims...), Env: simEnv, Timeout: 90 * time.Second,
 	},
 	{
+		Name:   "stale-admission-returned",
+		File:   "queue_wait.go",
+		Old:    "case err == nil && w.trusted(held):",
+		New:    "case err == nil:",
+		Breaks: "A waiter whose admission landed, or was confirmed, after its trust window ended returns it as admitted, holding slots that are expiring or gone.",
+		Pkg:    ".", Tests: with(sims, "TestAnAdmissionConfirmedAfterItsTrustWindowIsGivenBack"), Env: simEnv,
+	},
+	{
 		Name:   "slot-loss-leaves-strict-keepers-running",
 		File:   "slots.go",
 		Old:    "\tif i >= 0 {\n\t\ts.endStrict()\n\t}\n",

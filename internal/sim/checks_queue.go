@@ -116,7 +116,7 @@ func (w *World) limitOf(scope string) int {
 	return 0
 }
 
-// batching is the stale-admission and queue-order check, judged on a
+// batching is the queue-order check, judged on a
 // batch of a claim or a wait whose conditions hold, before it applies:
 // within a principal and a priority, no run takes units while a live entry
 // ranked ahead of it (as the store shows the entries: ahead of its own
@@ -148,17 +148,15 @@ func (w *World) batching(ops []runlease.Op, at time.Time, opID int, took time.Du
 		dead = append(dead, fmt.Sprintf("the batch was sent %s ago", fmtDur(took)))
 	}
 	if len(dead) > 0 {
-		// The batch was sent on a read older than the TTL less the
-		// margin (it hung or stalled in the store, and a read-back may
-		// confirm it): what it admits was decided on a place and on slots
-		// that may no longer be there, and the claimant cannot trust
-		// what it gets. Judged here, once, rather than as the queue order
-		// and the units held that follow from it.
-		w.mu.Lock()
-		w.stale[opID] = true
-		w.mu.Unlock()
-		w.violate("stale-admission", fmt.Sprintf("op%d", opID),
-			"#%d's claim of %v for %s landed on a plan older than the TTL less the margin %v, or with rows that live no longer than the margin: %v",
+		// The batch was sent on a read older than the TTL less the margin
+		// (it hung or stalled in the store), or its rows live no longer
+		// than the margin: it was planned on a place and on slots that may
+		// no longer be there, and no store can refuse a batch for being
+		// late. What is promised is that the claimant never takes it as an
+		// admission: it gives the slots back and queues again, which the
+		// wait's return judges (stale-admission, wait-partial), so the
+		// order it went in at is not judged here.
+		w.mon.tracef("   #%d's claim of %v for %s landed late, on a plan older than %v: %v",
 			opID, units, run, w.mode.TTL-w.mode.Margin(), dead)
 		return
 	}

@@ -161,15 +161,17 @@ func (w *World) waitReturned(rec *waitRec, s Slots, err error) {
 		return
 	}
 	held := s.Held()
-	w.mu.Lock()
-	stale := w.stale[rec.o.id]
-	w.mu.Unlock()
-	if trusted := s.TrustedUntil(); len(held) < len(rec.specs) && !trusted.After(time.Now()) && !stale {
+	stale := false
+	if trusted := s.TrustedUntil(); len(held) < len(rec.specs) && !trusted.After(time.Now()) {
 		// Confirmed only after its trust window ran out (a stall longer
 		// than the TTL less the margin between the plan and the reply).
 		stale = true
-		w.violate("stale-admission", subject, "ClaimSlotsWait #%d for %s returned admitted %s after its trust window ended: it holds %v of %s",
-			rec.o.id, rec.run, fmtDur(time.Since(trusted)), held, specsText(rec.specs))
+		ended := "with no trust window (it holds nothing)"
+		if !trusted.IsZero() {
+			ended = fmtDur(time.Since(trusted)) + " after its trust window ended"
+		}
+		w.violate("stale-admission", subject, "ClaimSlotsWait #%d for %s returned admitted %s: it holds %v of %s",
+			rec.o.id, rec.run, ended, held, specsText(rec.specs))
 	}
 	if stale {
 		held = nil // judged as a stale admission

@@ -140,9 +140,6 @@ type World struct {
 	// ranks holds, by operation, the priority and principal a claim or a
 	// wait ranks with, for the queue-order checker.
 	ranks map[int]claimRank
-	// stale holds the operations whose claim landed after its rows' life
-	// was spent (stale-admission), so it is judged once.
-	stale map[int]bool
 	// places holds, by queue key, when its entry took its place.
 	places map[string]placed
 	// hi is the latest reading of the store's clock seen: no row written
