@@ -232,7 +232,7 @@ func (r *Renewer) dueLocked(now time.Time) []func() {
 		} else {
 			next = earliest(next, due)
 		}
-		if k.slots != nil && k.slotJob == nil {
+		if k.slots != nil {
 			from, trustEnd, any := k.slots.keptState(now)
 			due := from.Add(k.o.interval)
 			if !k.slotWait.at.IsZero() {
@@ -241,6 +241,10 @@ func (r *Renewer) dueLocked(now time.Time) []func() {
 			leaseNow := len(leaseDue) > 0 && leaseDue[len(leaseDue)-1] == k
 			switch {
 			case !any:
+			case k.slotJob != nil:
+				// In flight: look again when the slots' trust window
+				// ends (below), whether or not the store ever answers
+				// the renewal, so a strict keeper ends in time.
 			case leaseNow:
 				// Renew the slots right after the lease, in the same
 				// job, so that they stay in step with it.
