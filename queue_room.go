@@ -98,17 +98,20 @@ type roomScan struct {
 }
 
 // joinRooms puts a waiter whose wake-up channel is wake into the room of
-// each of scopes, making the rooms that do not exist yet. When it returns,
+// each of scopes, making the rooms that do not exist yet, and appends each
+// room to *into as soon as it is joined. When it returns,
 // every room's subscription is in place and will wake wake, so a read that
 // follows sees every release a later ring announces.
-func joinRooms(store Store, scopes []Scope, wake chan struct{}) []*room {
-	out := make([]*room, len(scopes))
-	for i, sc := range scopes {
-		out[i] = joinRoom(store, sc, wake)
+func joinRooms(store Store, scopes []Scope, wake chan struct{}, into *[]*room) {
+	for _, sc := range scopes {
+		*into = append(*into, joinRoom(store, sc, wake))
 	}
-	return out
 }
 
+// joinRoom puts wake into the room of sc. If the store panics in Subscribe,
+// the call takes its count back before the panic goes on: the room is
+// left without a subscription (its waiters poll) and removed with its last
+// member.
 func joinRoom(store Store, sc Scope, wake chan struct{}) *room {
 	k := roomKey{store: store, scope: sc.name}
 	rooms.mu.Lock()
@@ -120,6 +123,12 @@ func joinRoom(store Store, sc Scope, wake chan struct{}) *room {
 	}
 	r.refs++ // a room in the map has a member: this one keeps it there
 	rooms.mu.Unlock()
+	joined := false
+	defer func() {
+		if !joined {
+			r.leave(wake)
+		}
+	}()
 	if made {
 		r.open() // outside rooms.mu: Subscribe is a store call
 	}
@@ -127,16 +136,17 @@ func joinRoom(store Store, sc Scope, wake chan struct{}) *room {
 	r.mu.Lock()
 	r.waiters[wake] = struct{}{}
 	r.mu.Unlock()
+	joined = true
 	return r
 }
 
 // open subscribes to the room's bell, when the store rings it, and starts
 // the one goroutine that fans its rings out.
 func (r *room) open() {
+	r.cancel = func() {} // until a subscription is in place
 	defer close(r.ready)
 	n, ok := r.store.(Notifier)
 	if !ok {
-		r.cancel = func() {}
 		return
 	}
 	ch, cancel := n.Subscribe(queueBell(r.sc.name))

@@ -203,8 +203,10 @@ func TestAWaiterWhoseScanPartnerIsCancelledStillGetsItsRead(t *testing.T) {
 		require.NoError(t, err)
 
 		wakeA, wakeB := make(chan struct{}, 1), make(chan struct{}, 1)
-		roomsA := joinRooms(g, []Scope{sc}, wakeA)
-		roomsB := joinRooms(g, []Scope{sc}, wakeB)
+		var roomsA []*room
+		joinRooms(g, []Scope{sc}, wakeA, &roomsA)
+		var roomsB []*room
+		joinRooms(g, []Scope{sc}, wakeB, &roomsB)
 		defer leaveRooms(roomsB, wakeB)
 		defer leaveRooms(roomsA, wakeA)
 		require.Same(t, roomsA[0], roomsB[0], "one room for the scope")
@@ -258,8 +260,10 @@ func TestAWaiterDoesNotWaitLongForAStuckScan(t *testing.T) {
 		_, err := ClaimSlots(t.Context(), s, "holder", []Scope{sc})
 		require.NoError(t, err)
 		wakeA, wakeB := make(chan struct{}, 1), make(chan struct{}, 1)
-		roomsA := joinRooms(g, []Scope{sc}, wakeA)
-		roomsB := joinRooms(g, []Scope{sc}, wakeB)
+		var roomsA []*room
+		joinRooms(g, []Scope{sc}, wakeA, &roomsA)
+		var roomsB []*room
+		joinRooms(g, []Scope{sc}, wakeB, &roomsB)
 		defer leaveRooms(roomsB, wakeB)
 		defer leaveRooms(roomsA, wakeA)
 

@@ -177,8 +177,10 @@ func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, comm
 		w.me.Scopes = append(w.me.Scopes, sc.name)
 	}
 	w.wake = make(chan struct{}, 1)
-	w.rooms = joinRooms(s.store, scopes, w.wake)
-	defer leaveRooms(w.rooms, w.wake)
+	// Deferred first: a store that panics in Subscribe leaves the rooms
+	// joined before it, and no count behind.
+	defer func() { leaveRooms(w.rooms, w.wake) }()
+	joinRooms(s.store, scopes, w.wake, &w.rooms)
 	w.fresh = roomTick()
 	held, err := w.run(ctx)
 	if err != nil {
@@ -405,12 +407,14 @@ func (w *waiter) free(ctx context.Context, held []*heldSlot) {
 	}
 }
 
-// giveBack frees the slots of an admission the run cannot trust, with a
-// context of its own: one that fails expires with its rows.
+// giveBack frees the slots of an admission the run cannot trust, with the
+// wait's own context: when that ends first, the slots are left to the
+// clean-up of the failed wait (freePending), within its one bound.
 func (w *waiter) giveBack(ctx context.Context, held []*heldSlot) {
-	cleanup, cancel := cleanupContext(ctx)
-	defer cancel()
-	w.free(cleanup, held)
+	w.free(ctx, held)
+	if ctx.Err() != nil {
+		w.pending = held
+	}
 }
 
 // trusted reports whether every slot of an admission that landed is still
