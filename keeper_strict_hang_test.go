@@ -13,18 +13,18 @@ import (
 	"github.com/areev/runlease"
 )
 
-// adv2SlowSlotStore passes every call through, but once armed, a CAS of a
+// slowSlotStore passes every call through, but once armed, a CAS of a
 // slot row (a slot renewal) is held up until released, whatever its
 // context says: a store slow to honour a cancellation (a connection
 // blackholed mid-statement).
-type adv2SlowSlotStore struct {
+type slowSlotStore struct {
 	*runlease.SQLiteStore
 	mu      sync.Mutex
 	armed   bool
 	release chan struct{}
 }
 
-func (s *adv2SlowSlotStore) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
+func (s *slowSlotStore) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
 	s.mu.Lock()
 	armed := s.armed
 	s.mu.Unlock()
@@ -48,7 +48,7 @@ func (s *adv2SlowSlotStore) MetaCAS(ctx context.Context, key string, expected *s
 func TestAStrictKeeperEndsWhenItsSlotsTrustEndsWhileASlotRenewalHangs(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		s := &adv2SlowSlotStore{SQLiteStore: bubbleStore(t), release: make(chan struct{})}
+		s := &slowSlotStore{SQLiteStore: bubbleStore(t), release: make(chan struct{})}
 		five := runlease.WithTTL(5 * time.Second)
 		mem := []runlease.Scope{runlease.MemScope(1)}
 		l, err := runlease.Acquire(t.Context(), s, "a", "A", five)

@@ -15,11 +15,11 @@ import (
 	"github.com/areev/runlease/internal/testkit"
 )
 
-// adv2LateStore is a SQLite store whose next admission batch (a batch that
+// lateStore is a SQLite store whose next admission batch (a batch that
 // writes a slot row) is held up for stall, then applies; from then on the
 // store hangs every read and delete until the call's context ends, as a
 // store that went away just after answering.
-type adv2LateStore struct {
+type lateStore struct {
 	*runlease.SQLiteStore
 	mu    sync.Mutex
 	stall time.Duration
@@ -28,13 +28,13 @@ type adv2LateStore struct {
 	landed chan struct{}
 }
 
-func (s *adv2LateStore) isHung() bool {
+func (s *lateStore) isHung() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.hung
 }
 
-func (s *adv2LateStore) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runlease.Op) (bool, error) {
+func (s *lateStore) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runlease.Op) (bool, error) {
 	if s.isHung() {
 		<-ctx.Done()
 		return false, testkit.Unknown("MetaBatch")
@@ -61,7 +61,7 @@ func (s *adv2LateStore) MetaBatch(ctx context.Context, conds []runlease.Cond, op
 	return ok, err
 }
 
-func (s *adv2LateStore) MetaGet(ctx context.Context, key string) (string, bool, error) {
+func (s *lateStore) MetaGet(ctx context.Context, key string) (string, bool, error) {
 	if s.isHung() {
 		<-ctx.Done()
 		return "", false, testkit.Unknown("MetaGet")
@@ -69,7 +69,7 @@ func (s *adv2LateStore) MetaGet(ctx context.Context, key string) (string, bool, 
 	return s.SQLiteStore.MetaGet(ctx, key)
 }
 
-func (s *adv2LateStore) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
+func (s *lateStore) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
 	if s.isHung() {
 		<-ctx.Done()
 		return false, testkit.Unknown("MetaDelete")
@@ -77,7 +77,7 @@ func (s *adv2LateStore) MetaDelete(ctx context.Context, key, expected string) (b
 	return s.SQLiteStore.MetaDelete(ctx, key, expected)
 }
 
-func (s *adv2LateStore) MetaDeleteNotify(ctx context.Context, key, expected, wakeKey string) (bool, error) {
+func (s *lateStore) MetaDeleteNotify(ctx context.Context, key, expected, wakeKey string) (bool, error) {
 	if s.isHung() {
 		<-ctx.Done()
 		return false, testkit.Unknown("MetaDeleteNotify")
@@ -96,7 +96,7 @@ func (s *adv2LateStore) MetaDeleteNotify(ctx context.Context, key, expected, wak
 func TestAWaitCancelledWhileGivingBackALateAdmissionReturnsWithinItsBound(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		s := &adv2LateStore{SQLiteStore: bubbleStore(t), stall: 6 * time.Second, landed: make(chan struct{})}
+		s := &lateStore{SQLiteStore: bubbleStore(t), stall: 6 * time.Second, landed: make(chan struct{})}
 		mem := []runlease.Scope{runlease.MemScope(1)}
 		// x holds the only slot: the waiter queues (writes its entry).
 		x, err := runlease.ClaimSlots(t.Context(), s.SQLiteStore, "x", mem, runlease.WithTTL(time.Hour))

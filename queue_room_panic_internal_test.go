@@ -8,15 +8,15 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// adv2PanickySubscribe is a SQLite store whose Subscribe panics for the
+// panickySubscribe is a SQLite store whose Subscribe panics for the
 // bell of scope "b" (a store bug, or a decorator that panics): the library
 // already guards a shared scan against a store that panics (errScanAborted),
 // and a Subscribe is just as much a store call.
-type adv2PanickySubscribe struct {
+type panickySubscribe struct {
 	*SQLiteStore
 }
 
-func (s *adv2PanickySubscribe) Subscribe(key string) (<-chan struct{}, func()) {
+func (s *panickySubscribe) Subscribe(key string) (<-chan struct{}, func()) {
 	if key == queueBell("b") {
 		panic("subscribe failed")
 	}
@@ -32,7 +32,7 @@ func (s *adv2PanickySubscribe) Subscribe(key string) (<-chan struct{}, func()) {
 // waiter of a room" breaks, and every later waiter of scope "b" waits in a
 // room with no subscription at all (no bell: poll only).
 func TestAStorePanickingInSubscribeLeavesNoRoomBehind(t *testing.T) {
-	s := &adv2PanickySubscribe{SQLiteStore: roomSQLite(t)}
+	s := &panickySubscribe{SQLiteStore: roomSQLite(t)}
 	_, err := ClaimSlots(t.Context(), s.SQLiteStore, "holder", []Scope{NamedScope("a", 1)})
 	require.NoError(t, err)
 	func() {
