@@ -18,13 +18,17 @@ import (
 // stallingStore is a SQLite store whose batches that take a slot (a
 // waiter's admission) are held up, as in a stalled server or network: for
 // a while before they apply, or, hung, until their context ends, when they
-// apply and report an unknown outcome. When hung, its deletes also wait
-// for their context to end.
+// apply and report an unknown outcome. When hung, its reads and deletes
+// also wait for their context to end. With hangAfter, it hangs from the
+// moment the stalled admission has landed (closing landed), as a store that
+// went away just after answering.
 type stallingStore struct {
 	*runlease.SQLiteStore
-	mu    sync.Mutex
-	stall time.Duration // the next admission waits this long, then applies
-	hung  bool
+	mu        sync.Mutex
+	stall     time.Duration // the next admission waits this long, then applies
+	hung      bool
+	hangAfter bool
+	landed    chan struct{} // with hangAfter: closed once the stalled admission applied
 }
 
 func (s *stallingStore) isHung() bool {
@@ -49,8 +53,24 @@ func (s *stallingStore) MetaBatch(ctx context.Context, conds []runlease.Cond, op
 			return false, testkit.Unknown("MetaBatch")
 		}
 		time.Sleep(d)
+		if d > 0 && s.hangAfter {
+			ok, err := s.SQLiteStore.MetaBatch(context.WithoutCancel(ctx), conds, ops)
+			s.mu.Lock()
+			s.hung = true
+			s.mu.Unlock()
+			close(s.landed)
+			return ok, err
+		}
 	}
 	return s.SQLiteStore.MetaBatch(ctx, conds, ops)
+}
+
+func (s *stallingStore) MetaGet(ctx context.Context, key string) (string, bool, error) {
+	if s.isHung() {
+		<-ctx.Done()
+		return "", false, testkit.Unknown("MetaGet")
+	}
+	return s.SQLiteStore.MetaGet(ctx, key)
 }
 
 func (s *stallingStore) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
@@ -133,5 +153,39 @@ func TestAWaitWhoseAdmissionHungReturnsWithinItsBound(t *testing.T) {
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		assert.Equal(t, context.DeadlineExceeded, err, "ctx.Err() itself")
 		assert.LessOrEqual(t, time.Since(deadline), 2*time.Second, "returned within leaveTimeout of the end of its context")
+	})
+}
+
+// TestAWaitCancelledWhileGivingBackALateAdmissionReturnsWithinItsBound: a
+// queued waiter's admission lands after its trust window, so the waiter
+// gives the slots back; its context ends just after the give-back began,
+// while the store hangs from then on. The give-back and the wait's clean-up
+// share one bound: the call returns within 2 s of the end of its context.
+func TestAWaitCancelledWhileGivingBackALateAdmissionReturnsWithinItsBound(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s := &stallingStore{SQLiteStore: bubbleStore(t), stall: 6 * time.Second, hangAfter: true, landed: make(chan struct{})}
+		mem := []runlease.Scope{runlease.MemScope(1)}
+		// x holds the only slot: the waiter queues (writes its entry).
+		x, err := runlease.ClaimSlots(t.Context(), s.SQLiteStore, "x", mem, runlease.WithTTL(time.Hour))
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		done := make(chan error, 1)
+		go func() {
+			_, err := runlease.ClaimSlotsWait(ctx, s, "a", mem, runlease.WithTTL(5*time.Second))
+			done <- err
+		}()
+		time.Sleep(time.Second)
+		require.Len(t, queueRows(t, s.SQLiteStore), 1, "the waiter is queued")
+		require.NoError(t, x.Release(t.Context())) // wakes the waiter: its admission stalls 6 s
+		<-s.landed                                 // landed past the trust window (4.5 s): giveBack begins
+		time.Sleep(time.Millisecond)
+		cancel()
+		ended := time.Now()
+		err = <-done
+		assert.Equal(t, context.Canceled, err, "ctx.Err() itself")
+		assert.LessOrEqual(t, time.Since(ended), 2*time.Second,
+			"ClaimSlotsWait returned %v after its context ended; README: within 2 s", time.Since(ended))
 	})
 }
