@@ -6,8 +6,21 @@
 // write's condition (an absent key is CreateRevision == 0, an exact value is
 // a Value comparison), so a stale writer never overwrites a newer row. The
 // store implements [runlease.Batcher] and [runlease.MultiCASer] as Txns, and
-// [runlease.RowNotifier] through etcd's Watch, so a released lease is handed
-// to a waiter on another node in milliseconds.
+// [runlease.RowNotifier] and [runlease.DeleteNotifier] through etcd's Watch,
+// so a released lease is handed to a waiter on another node in
+// milliseconds, and a released slot wakes the runs waiting for its scope
+// ([runlease.ClaimSlotsWait]) as fast.
+//
+// Keys. Runlease key k is etcd key prefix+k ([WithPrefix]), its value
+// stored byte for byte. Besides the rows, the store keeps bells: etcd key
+// prefix+k+"\x00", empty, which [Store.MetaDeleteNotify] puts, in the
+// releasing Txn, to wake the subscribers of k; for the admission queue, k
+// is a scope's queue prefix, so there is one bell per scope that ever had
+// a slot released or a waiter leave its queue. No row can have a bell's
+// key (runlease keys never hold NUL), no read of the store returns one,
+// and bells are never deleted (Prune does not see them). Each release
+// costs one more put in its Txn, whether or not anyone waits: one more
+// revision in the cluster's history until it is compacted.
 //
 // Time. etcd has no clock a client can read, so the store does not implement
 // [runlease.Clock]: expiry is judged by each node's local clock. A node whose

@@ -188,9 +188,10 @@ func (s *Store) enter(ctx context.Context, op, key string) error {
 }
 
 var (
-	_ runlease.Store        = (*Store)(nil)
-	_ runlease.Batcher      = (*Store)(nil)
-	_ runlease.MultiCASer   = (*Store)(nil)
-	_ runlease.MultiScanner = (*Store)(nil)
-	_ runlease.RowNotifier  = (*Store)(nil)
+	_ runlease.Store          = (*Store)(nil)
+	_ runlease.Batcher        = (*Store)(nil)
+	_ runlease.MultiCASer     = (*Store)(nil)
+	_ runlease.MultiScanner   = (*Store)(nil)
+	_ runlease.RowNotifier    = (*Store)(nil)
+	_ runlease.DeleteNotifier = (*Store)(nil)
 )

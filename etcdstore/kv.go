@@ -129,6 +129,8 @@ func (s *Store) scanAt(ctx context.Context, start, end string, rev int64) ([]run
 			rev = resp.Header.Revision
 		}
 		rows = s.appendRows(rows, resp.Kvs)
+		// Paged by the keys read, not the rows kept: a page of bells
+		// alone adds no row, yet the range goes on after it.
 		if !resp.More || len(resp.Kvs) == 0 {
 			return rows, nil
 		}
@@ -137,9 +139,13 @@ func (s *Store) scanAt(ctx context.Context, start, end string, rev int64) ([]run
 }
 
 // appendRows appends the rows of kvs, their keys without the store's
-// prefix, to rows.
+// prefix, to rows, leaving out bells (bell.go), which are not rows. Every
+// read of rows goes through it.
 func (s *Store) appendRows(rows []runlease.Row, kvs []*mvccpb.KeyValue) []runlease.Row {
 	for _, kv := range kvs {
+		if s.isBell(kv.Key) {
+			continue
+		}
 		rows = append(rows, runlease.Row{Key: string(kv.Key[len(s.o.prefix):]), Value: string(kv.Value)})
 	}
 	return rows

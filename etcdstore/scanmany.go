@@ -56,6 +56,8 @@ func (s *Store) scanManyAt(ctx context.Context, prefixes []string) ([][]runlease
 	for i, r := range resp.Responses {
 		rr := r.GetResponseRange()
 		rows := s.appendRows(nil, rr.Kvs)
+		// As in scanAt: by the keys read, so a first page of bells alone
+		// is read on from.
 		if rr.More && len(rr.Kvs) > 0 {
 			rest, err := s.scanAt(ctx, string(rr.Kvs[len(rr.Kvs)-1].Key)+"\x00", ends[i], resp.Header.Revision)
 			if err != nil {

@@ -30,18 +30,20 @@ type subscription struct {
 }
 
 // Subscribe implements [runlease.Notifier]: the channel receives a value
-// whenever key may have changed. The store watches each key that has
-// subscribers once, however many there are; the watch ends with the last
-// subscription.
+// whenever key may have changed, or key's bell rang ([Store.MetaDeleteNotify]
+// with key as its wakeKey). The store watches each key that has
+// subscribers once, however many there are, key and its bell with the same
+// watch; the watch ends with the last subscription.
 func (s *Store) Subscribe(key string) (<-chan struct{}, func()) {
 	sub := &subscription{wake: make(chan struct{}, 1)}
 	return sub.wake, s.subscribe(key, sub)
 }
 
 // SubscribeRows implements [runlease.RowNotifier]: the channel receives the
-// row each write of key stored, or "" after a delete or when events may have
-// been lost (the watch restarted after a compaction, a lost leader or a
-// reconnect the client could not resume): then the key must be read.
+// row each write of key stored, or "" after a delete, after key's bell rang,
+// or when events may have been lost (the watch restarted after a
+// compaction, a lost leader or a reconnect the client could not resume):
+// then the key must be read.
 func (s *Store) SubscribeRows(key string) (<-chan string, func()) {
 	sub := &subscription{rows: make(chan string, 1)}
 	return sub.rows, s.subscribe(key, sub)
@@ -81,15 +83,21 @@ func (s *Store) subscribe(key string, sub *subscription) (cancel func()) {
 // its subscription and the watch's start, or between a broken watch and its
 // successor, would otherwise be lost. A lost event costs a read, never a
 // missed hand-over.
+//
+// One watch covers key and its bell: the range from key's etcd key to the
+// key right after its bell holds those two keys and no other. An event of
+// the bell wakes the subscribers without a row, so that a SubscribeRows
+// subscriber never takes the bell's value for key's row.
 func (s *Store) watch(ctx context.Context, key string, w *keyWatch) {
 	defer s.wg.Done()
 	full := s.o.prefix + key
+	rangeEnd := bellKey(full) + "\x00"
 	delay := minRewatch
 	for ctx.Err() == nil {
 		// Each round has a context of its own, so that a watch this loop
 		// gives up on is unregistered even if its channel stays open.
 		round, end := context.WithCancel(ctx)
-		wch := s.client.Watch(clientv3.WithRequireLeader(round), full, clientv3.WithCreatedNotify())
+		wch := s.client.Watch(clientv3.WithRequireLeader(round), full, clientv3.WithRange(rangeEnd), clientv3.WithCreatedNotify())
 		for resp := range wch {
 			if resp.Canceled || resp.Err() != nil {
 				break // compacted, no leader, closed: start again
@@ -100,10 +108,10 @@ func (s *Store) watch(ctx context.Context, key string, w *keyWatch) {
 				continue
 			}
 			for _, ev := range resp.Events {
-				if ev.Type == clientv3.EventTypePut {
+				if ev.Type == clientv3.EventTypePut && string(ev.Kv.Key) == full {
 					s.wake(w, string(ev.Kv.Value), true)
 				} else {
-					s.wake(w, "", false)
+					s.wake(w, "", false) // key deleted, or its bell rang
 				}
 			}
 		}
