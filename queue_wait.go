@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"slices"
 	"time"
 )
 
@@ -479,9 +480,10 @@ func (w *waiter) admitSlotBySlot(ctx context.Context, plans [][]slotCandidate, m
 }
 
 // keepPlace queues the run when it is not queued, and renews its entries
-// when a third of the TTL has passed since they were written.
+// when they are due (entryRenewalDue: between a quarter and a third of
+// the TTL after they were written).
 func (w *waiter) keepPlace(ctx context.Context, states []*scopeState, rank *queueEntry) error {
-	if w.queued && time.Since(w.wroteAt) < w.s.o.ttl/3 {
+	if w.queued && time.Now().Before(entryRenewalDue(w.wroteAt, w.s.o.ttl)) {
 		return nil
 	}
 	if w.queued && time.Since(w.wroteAt) >= w.s.o.ttl-w.s.margin {
@@ -518,10 +520,17 @@ func (w *waiter) keepPlace(ctx context.Context, states []*scopeState, rank *queu
 	// Some entries may land and others not (a fault, or a store without
 	// batches): leave finds them by the waiter's id.
 	w.wrote = true
-	ok, err := w.putEntries(ctx, conds, ops)
+	var ok bool
+	var err error
+	if m, batched := batchedRenewals(w.s.store); batched && w.queued {
+		ok, err = w.renewEntries(ctx, m, conds, ops)
+	} else {
+		ok, err = w.putEntries(ctx, conds, ops)
+	}
 	w.fresh = roomTick() // the next read must show what this write did
 	if err != nil || !ok {
-		if w.queued {
+		if w.queued && ctx.Err() == nil {
+			// (A wait whose context ended is leaving, not queueing again.)
 			w.requeued("its entries changed under it")
 		}
 		w.queued = false
@@ -558,6 +567,22 @@ func (w *waiter) putEntries(ctx context.Context, conds []Cond, ops []Op) (bool, 
 	return true, nil
 }
 
+// renewEntries renews the entries of a queued waiter with the renewals
+// of the process's other waiters (queue_renew.go), and reports whether
+// every one landed. A renewal is of no use once the entries it renews are
+// no longer trusted, so it is cut short then.
+func (w *waiter) renewEntries(ctx context.Context, m MultiCASer, conds []Cond, ops []Op) (bool, error) {
+	writes := make([]CASWrite, len(ops))
+	for i := range ops {
+		writes[i] = CASWrite{Key: ops[i].Key, Expected: conds[i].Value, Value: ops[i].Value}
+	}
+	swapped, err := renewEntries(ctx, w.s.store, m, writes, w.wroteAt.Add(w.s.o.ttl-w.s.margin))
+	if err != nil {
+		return false, err
+	}
+	return !slices.Contains(swapped, false), nil
+}
+
 // requeued gives up the run's place and says so.
 func (w *waiter) requeued(why string) {
 	waited := time.Since(w.queuedAt)
@@ -581,7 +606,7 @@ func (w *waiter) sleep(ctx context.Context, nextMS int64) error {
 		}
 	}
 	if w.queued {
-		if renew := w.s.o.ttl/3 - time.Since(w.wroteAt); renew < d {
+		if renew := time.Until(entryRenewalDue(w.wroteAt, w.s.o.ttl)); renew < d {
 			d = max(renew, 0)
 		}
 	}

@@ -176,6 +176,14 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: with(sims, "TestAnAdmissionConfirmedAfterItsTrustWindowIsGivenBack"), Env: simEnv,
 	},
 	{
+		Name:   "entry-renewals-sent-alone",
+		File:   "queue_renew.go",
+		Old:    "return m, ok && reflect.ValueOf(s).Comparable()",
+		New:    "return m, ok && false && reflect.ValueOf(s).Comparable()",
+		Breaks: "Each waiter renews its queue entries in a batch of its own, so a process with many waiting runs makes one round trip per waiter per renewal.",
+		Pkg:    ".", Tests: []string{"TestAProcesssWaitersRenewTheirEntriesTogether"},
+	},
+	{
 		Name:   "slot-loss-leaves-strict-keepers-running",
 		File:   "slots.go",
 		Old:    "\tif i >= 0 {\n\t\ts.endStrict()\n\t}\n",

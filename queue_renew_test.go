@@ -1,0 +1,361 @@
+package runlease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// renewCounter passes every call through to a built-in store and counts
+// the entry writes: batches (a waiter taking its place) and many-write
+// calls (renewals).
+type renewCounter struct {
+	roomStore
+	batches, multis, multiWrites atomic.Int64
+}
+
+func (c *renewCounter) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (bool, error) {
+	c.batches.Add(1)
+	return c.roomStore.MetaBatch(ctx, conds, ops)
+}
+
+func (c *renewCounter) MetaCASMany(ctx context.Context, writes []CASWrite) ([]bool, error) {
+	c.multis.Add(1)
+	c.multiWrites.Add(int64(len(writes)))
+	return c.roomStore.(MultiCASer).MetaCASMany(ctx, writes)
+}
+
+// TestAProcesssWaitersRenewTheirEntriesTogether: 30 waiters of one process
+// wait on two full scopes for longer than a TTL. Their entries are renewed
+// in a few shared calls, not one batch per waiter per renewal; every
+// renewal lands, so no waiter loses its place; and a waiter that leaves
+// takes its entries out.
+func TestAProcesssWaitersRenewTheirEntriesTogether(t *testing.T) {
+	t.Parallel()
+	const n = 30
+	roomStores(t, func(t *testing.T, s roomStore) {
+		t.Parallel()
+		c := &renewCounter{roomStore: s}
+		scopes := []Scope{NamedScope("renew-a", 1), NamedScope("renew-b", 2)}
+		held, err := ClaimSlots(t.Context(), c, "holder", scopes[:1])
+		require.NoError(t, err)
+		defer held.Release(context.Background())
+
+		var requeued atomic.Int64
+		hooks := WithHooks(Hooks{SlotsRequeued: func(e RequeueEvent) {
+			requeued.Add(1)
+			t.Logf("%s requeued after %v: %s", e.RunID, e.Waited, e.Reason)
+		}})
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for i := range n {
+			wg.Go(func() {
+				_, err := ClaimSlotsWait(ctx, c, "renewing-"+strconv.Itoa(i), scopes, WithTTL(MinTTL), hooks)
+				errs <- err
+			})
+		}
+		require.Eventually(t, func() bool {
+			q, err := s.MetaScan(t.Context(), queueScopePrefix("renew-b"))
+			return err == nil && len(q) == n
+		}, 30*time.Second, time.Millisecond)
+		placed := c.batches.Load()
+
+		// Long enough for every entry to be renewed at least twice:
+		// renewals come at most a third of the TTL apart.
+		time.Sleep(MinTTL)
+		calls, writes := c.multis.Load(), c.multiWrites.Load()
+		q, err := s.MetaScan(t.Context(), queueScopePrefix("renew-a"))
+		require.NoError(t, err)
+		cancel()
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.ErrorIs(t, err, context.Canceled)
+		}
+
+		t.Logf("%d renewal calls carried %d entry writes; %d batches placed the waiters, %d more while they waited",
+			calls, writes, placed, c.batches.Load()-placed)
+		assert.Len(t, q, n, "every waiter is still queued after a TTL")
+		assert.Zero(t, requeued.Load(), "no waiter lost its place")
+		assert.Equal(t, placed, c.batches.Load(), "no entry was renewed alone")
+		assert.GreaterOrEqual(t, writes, int64(2*2*n), "each waiter renewed its two entries at least twice")
+		assert.LessOrEqual(t, calls*6, writes, "renewals are sent together: three waiters a call at least, on average")
+
+		for _, sc := range scopes {
+			left, err := s.MetaScan(t.Context(), queueScopePrefix(sc.name))
+			require.NoError(t, err)
+			assert.Empty(t, left, "the waiters took their entries out of %s", sc.name)
+		}
+	})
+}
+
+// fakeMulti is a MultiCASer over a map, whose calls can be held at a gate,
+// recording the keys of every call.
+type fakeMulti struct {
+	Store // nil: only the calls below are made
+
+	mu    sync.Mutex
+	rows  map[string]string
+	calls [][]string
+	fail  error // returned by the next call, after it applied its writes
+	cut   int   // calls that returned because their context ended
+
+	gate chan struct{} // when not nil, a call waits for it
+	in   chan struct{} // when not nil, a call says it arrived
+}
+
+func newFakeMulti() *fakeMulti { return &fakeMulti{rows: map[string]string{}} }
+
+func (f *fakeMulti) MetaCASMany(ctx context.Context, writes []CASWrite) ([]bool, error) {
+	if f.in != nil {
+		f.in <- struct{}{}
+	}
+	if f.gate != nil {
+		select {
+		case <-f.gate:
+		case <-ctx.Done():
+			f.mu.Lock()
+			f.cut++
+			f.mu.Unlock()
+			return nil, &StorageError{Op: "MetaCASMany", Err: ctx.Err(), Unknown: true}
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	keys := make([]string, len(writes))
+	swapped := make([]bool, len(writes))
+	for i, w := range writes {
+		keys[i] = w.Key
+		cur, found := f.rows[w.Key]
+		if (w.Expected == nil && !found) || (w.Expected != nil && found && cur == *w.Expected) {
+			f.rows[w.Key] = w.Value
+			swapped[i] = true
+		}
+	}
+	f.calls = append(f.calls, keys)
+	if err := f.fail; err != nil {
+		f.fail = nil
+		return nil, err
+	}
+	return swapped, nil
+}
+
+func (f *fakeMulti) MetaGet(ctx context.Context, key string) (string, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, ok := f.rows[key]
+	return v, ok, nil
+}
+
+func (f *fakeMulti) sent() [][]string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([][]string(nil), f.calls...)
+}
+
+func put(key, expected, value string) CASWrite {
+	return CASWrite{Key: key, Expected: &expected, Value: value}
+}
+
+// renewAsync starts renewEntries and returns its outcome on a channel.
+type renewResult struct {
+	swapped []bool
+	err     error
+}
+
+func renewAsync(ctx context.Context, f *fakeMulti, writes ...CASWrite) chan renewResult {
+	out := make(chan renewResult, 1)
+	go func() {
+		sw, err := renewEntries(ctx, f, f, writes, time.Now().Add(time.Minute))
+		out <- renewResult{sw, err}
+	}()
+	return out
+}
+
+// waitPending waits until n renewals of f are pending.
+func waitPending(t *testing.T, f *fakeMulti, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		entryBatches.mu.Lock()
+		defer entryBatches.mu.Unlock()
+		b := entryBatches.m[f]
+		return b != nil && len(b.pending) == n
+	}, 10*time.Second, time.Millisecond)
+}
+
+func TestRenewalsThatArriveDuringACallGoTogetherInTheNext(t *testing.T) {
+	f := newFakeMulti()
+	f.gate, f.in = make(chan struct{}), make(chan struct{}, 16)
+	for i := range 11 {
+		f.rows[fmt.Sprint("k", i)] = "old"
+	}
+	first := renewAsync(t.Context(), f, put("k0", "old", "new"))
+	<-f.in // the first call is in flight, alone
+	var rest []chan renewResult
+	for i := 1; i <= 10; i++ {
+		// Each renewal but the last expects a row it does not hold.
+		exp := "old"
+		if i == 10 {
+			exp = "other"
+		}
+		rest = append(rest, renewAsync(t.Context(), f, put(fmt.Sprint("k", i), exp, "new")))
+	}
+	waitPending(t, f, 10)
+	close(f.gate)
+
+	r := <-first
+	require.NoError(t, r.err)
+	assert.Equal(t, []bool{true}, r.swapped)
+	for i, ch := range rest {
+		r := <-ch
+		require.NoError(t, r.err)
+		assert.Equal(t, []bool{i != 9}, r.swapped, "renewal %d gets its own outcome", i+1)
+	}
+	calls := f.sent()
+	require.Len(t, calls, 2, "one call in flight, then one for every renewal that arrived meanwhile")
+	assert.Len(t, calls[1], 10)
+	require.Eventually(t, func() bool {
+		entryBatches.mu.Lock()
+		defer entryBatches.mu.Unlock()
+		return entryBatches.m[f] == nil
+	}, 10*time.Second, time.Millisecond, "the flusher leaves once nothing is pending")
+}
+
+func TestTwoRenewalsOfOneKeyGoInSeparateCalls(t *testing.T) {
+	f := newFakeMulti()
+	f.gate, f.in = make(chan struct{}), make(chan struct{}, 16)
+	f.rows["k"], f.rows["z"] = "old", "old"
+	blocker := renewAsync(t.Context(), f, put("z", "old", "new"))
+	<-f.in
+	a := renewAsync(t.Context(), f, put("k", "old", "a"))
+	waitPending(t, f, 1)
+	b := renewAsync(t.Context(), f, put("k", "old", "b"))
+	waitPending(t, f, 2)
+	close(f.gate)
+	require.NoError(t, (<-blocker).err)
+	ra, rb := <-a, <-b
+	require.NoError(t, ra.err)
+	require.NoError(t, rb.err)
+	assert.Equal(t, []bool{true}, ra.swapped, "the first to arrive goes first")
+	assert.Equal(t, []bool{false}, rb.swapped, "the second finds the row the first wrote")
+	assert.Len(t, f.sent(), 3)
+}
+
+func TestARenewalWithdrawnBeforeItIsSentIsNeverSent(t *testing.T) {
+	f := newFakeMulti()
+	f.gate, f.in = make(chan struct{}), make(chan struct{}, 16)
+	f.rows["z"], f.rows["k"] = "old", "old"
+	blocker := renewAsync(t.Context(), f, put("z", "old", "new"))
+	<-f.in
+	ctx, cancel := context.WithCancel(t.Context())
+	gone := renewAsync(ctx, f, put("k", "old", "new"))
+	waitPending(t, f, 1)
+	cancel()
+	r := <-gone
+	require.ErrorIs(t, r.err, context.Canceled)
+	waitPending(t, f, 0)
+	close(f.gate)
+	require.NoError(t, (<-blocker).err)
+	require.Eventually(t, func() bool {
+		entryBatches.mu.Lock()
+		defer entryBatches.mu.Unlock()
+		return entryBatches.m[f] == nil
+	}, 10*time.Second, time.Millisecond)
+	assert.Equal(t, [][]string{{"z"}}, f.sent())
+	v, _, _ := f.MetaGet(t.Context(), "k")
+	assert.Equal(t, "old", v)
+}
+
+func TestACallWhoseWaitersAllGaveUpIsCutShort(t *testing.T) {
+	synctest.Test(t, testACallWhoseWaitersAllGaveUpIsCutShort)
+}
+
+func testACallWhoseWaitersAllGaveUpIsCutShort(t *testing.T) {
+	f := newFakeMulti()
+	f.gate, f.in = make(chan struct{}), make(chan struct{}, 16)
+	f.rows["a"], f.rows["b"] = "old", "old"
+	ctxA, cancelA := context.WithCancel(t.Context())
+	ctxB, cancelB := context.WithCancel(t.Context())
+	a := renewAsync(ctxA, f, put("a", "old", "new"))
+	b := renewAsync(ctxB, f, put("b", "old", "new"))
+	<-f.in // one call carries both (the first waited for the second)
+	cancelA()
+	require.ErrorIs(t, (<-a).err, context.Canceled)
+	f.mu.Lock()
+	assert.Zero(t, f.cut, "the call still has a waiter")
+	f.mu.Unlock()
+	cancelB()
+	require.ErrorIs(t, (<-b).err, context.Canceled)
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.cut == 1
+	}, 10*time.Second, time.Millisecond, "the call is cut once no waiter is left")
+	require.Eventually(t, func() bool {
+		entryBatches.mu.Lock()
+		defer entryBatches.mu.Unlock()
+		return entryBatches.m[f] == nil
+	}, 10*time.Second, time.Millisecond, "and the flusher leaves")
+}
+
+func TestARenewalWhoseTrustEndedIsNotSent(t *testing.T) {
+	f := newFakeMulti()
+	f.rows["k"] = "old"
+	sw, err := renewEntries(t.Context(), f, f, []CASWrite{put("k", "old", "new")}, time.Now().Add(-time.Millisecond))
+	require.NoError(t, err)
+	assert.Equal(t, []bool{false}, sw, "reported as not applied: the waiter queues again")
+	assert.Empty(t, f.sent())
+}
+
+func TestARenewalWhoseCallFailedInDoubtIsReadBack(t *testing.T) {
+	f := newFakeMulti()
+	f.rows["a"], f.rows["b"] = "old", "else"
+	f.fail = &StorageError{Op: "MetaCASMany", Err: errors.New("connection reset"), Unknown: true}
+	sw, err := renewEntries(t.Context(), f, f, []CASWrite{put("a", "old", "new"), put("b", "old", "new")}, time.Now().Add(time.Minute))
+	require.NoError(t, err, "every write resolved by its row")
+	assert.Equal(t, []bool{true, false}, sw, "a holds what was sent; b holds neither")
+
+	f.rows["c"] = "old"
+	f.fail = &StorageError{Op: "MetaCASMany", Err: errors.New("connection reset"), Unknown: true}
+	sw, err = renewEntries(t.Context(), f, f, []CASWrite{put("c", "older", "new")}, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	assert.Equal(t, []bool{false}, sw, "c holds another row: not applied")
+}
+
+func TestARenewalBadBeforeItIsSentFailsAlone(t *testing.T) {
+	f := newFakeMulti()
+	_, err := renewEntries(t.Context(), f, f, []CASWrite{put("k", "a", "x"), put("k", "a", "y")}, time.Now().Add(time.Minute))
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	assert.Empty(t, f.sent())
+}
+
+func TestEntryRenewalsFallOnSharedBeats(t *testing.T) {
+	ttl := MinTTL
+	beat := ttl / 12
+	for _, wrote := range []time.Time{
+		entryBeatOrigin, entryBeatOrigin.Add(time.Millisecond), entryBeatOrigin.Add(beat - time.Nanosecond),
+		entryBeatOrigin.Add(beat), entryBeatOrigin.Add(7*beat + 123*time.Microsecond), time.Now(),
+	} {
+		due := entryRenewalDue(wrote, ttl)
+		after := due.Sub(wrote)
+		assert.GreaterOrEqual(t, after, ttl/4, "due no sooner than a quarter of the TTL")
+		assert.LessOrEqual(t, after, ttl/3, "due no later than a third of the TTL")
+		assert.Zero(t, due.Sub(entryBeatOrigin)%beat, "due on a beat")
+	}
+	// Waiters that wrote within one beat renew together; a renewal sent on
+	// a beat is due a third of the TTL later.
+	assert.True(t, entryRenewalDue(entryBeatOrigin.Add(time.Millisecond), ttl).
+		Equal(entryRenewalDue(entryBeatOrigin.Add(beat-time.Millisecond), ttl)))
+	on := entryBeatOrigin.Add(40 * beat)
+	assert.True(t, on.Add(4*beat).Equal(entryRenewalDue(on.Add(50*time.Microsecond), ttl)))
+}
