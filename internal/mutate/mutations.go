@@ -176,6 +176,14 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: with(sims, "TestAnAdmissionConfirmedAfterItsTrustWindowIsGivenBack"), Env: simEnv,
 	},
 	{
+		Name:   "strict-keeper-unseen-while-slot-renewal-hangs",
+		File:   "renewer.go",
+		Old:    "\t\t\tif any {\n\t\t\t\tnext = earliest(next, trustEnd)\n\t\t\t}\n",
+		New:    "\t\t\tif any && k.slotJob == nil {\n\t\t\t\tnext = earliest(next, trustEnd)\n\t\t\t}\n",
+		Breaks: "A keeper whose slot renewal hangs in a store that ignores its context is not looked at when its slots' trust ends, so a strict keeper's work goes on after its slot expired.",
+		Pkg:    ".", Tests: with(sims, "TestAStrictKeeperEndsWhenItsSlotsTrustEndsWhileASlotRenewalHangs"), Env: simEnv,
+	},
+	{
 		Name:   "entry-renewals-sent-alone",
 		File:   "queue_renew.go",
 		Old:    "return m, ok && reflect.ValueOf(s).Comparable()",

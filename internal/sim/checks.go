@@ -101,7 +101,7 @@ func (w *World) falseSlotLoss(call string, a *actor, slotRun string, keys []stri
 	for _, key := range keys {
 		raw, ok := w.store.Peek(key)
 		w.mu.Lock()
-		mine := w.writer[key] == a
+		mine := w.writer[key] == a && w.writerGen[key] == a.gen
 		w.mu.Unlock()
 		if r, _ := decode(raw); ok && r.Holder == slotRun && mine && r.remaining(w.storeNow()) > w.mode.Margin() {
 			w.violate("false-slot-loss", slotRun+"|"+key, "%s reported slot %s of %s lost while the row is still the run's own (%s)",
@@ -133,7 +133,7 @@ func (w *World) checkSlotsFreed(call string, a *actor, slotRun string) {
 	now := w.storeNow()
 	for _, r := range w.store.Scan(runlease.SlotPrefix) {
 		w.mu.Lock()
-		mine := w.writer[r.Key] == a
+		mine := w.writer[r.Key] == a && w.writerGen[r.Key] == a.gen
 		w.mu.Unlock()
 		if row, _ := decode(r.Value); row.Holder == slotRun && row.remaining(now) > w.mode.Margin() && mine {
 			w.violate("slot-release-left-row", slotRun+"|"+r.Key, "%s of %s returned nil but left its live slot row %s",
@@ -200,9 +200,11 @@ func (w *World) applied(key string, old, now *string, at time.Time, opID int) {
 	w.mu.Lock()
 	if opID > 0 && opID <= len(w.ops) {
 		w.writer[key] = w.ops[opID-1].a
+		w.writerGen[key] = w.ops[opID-1].gen
 		w.opWriter[key] = opID
 	} else {
 		delete(w.writer, key)
+		delete(w.writerGen, key)
 		delete(w.opWriter, key)
 	}
 	w.queueWritten(key, now, at, opID)

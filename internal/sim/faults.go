@@ -36,9 +36,14 @@ const (
 	// for a while, or a paused process): it waits between one and two of
 	// the store's stall lengths, then serves the call as Slow.
 	Stall
+	// Deaf ignores the call's context (a store whose driver does not
+	// watch it): it waits between half and one and a half of the store's
+	// stall lengths, however soon the context ends, then serves the call
+	// as Slow, applied, with no error.
+	Deaf
 )
 
-var outcomeNames = [...]string{"ok", "fail", "lost-reply", "unsent-unknown", "hang", "hang-applied", "slow", "stall"}
+var outcomeNames = [...]string{"ok", "fail", "lost-reply", "unsent-unknown", "hang", "hang-applied", "slow", "stall", "deaf"}
 
 func (o Outcome) String() string { return outcomeNames[o] }
 
@@ -53,14 +58,14 @@ var errCut = errors.New("the calling process died")
 // Rates are the chances of each faulty outcome for one class of call; the
 // rest of the time the call is OK.
 type Rates struct {
-	Fail, Lost, Unsent, Hang, HangApplied, Slow, Stall float64
+	Fail, Lost, Unsent, Hang, HangApplied, Slow, Stall, Deaf float64
 }
 
 func (r Rates) pick(x float64) Outcome {
 	for _, c := range []struct {
 		p float64
 		o Outcome
-	}{{r.Fail, Fail}, {r.Lost, Lost}, {r.Unsent, Unsent}, {r.Hang, Hang}, {r.HangApplied, HangApplied}, {r.Slow, Slow}, {r.Stall, Stall}} {
+	}{{r.Fail, Fail}, {r.Lost, Lost}, {r.Unsent, Unsent}, {r.Hang, Hang}, {r.HangApplied, HangApplied}, {r.Slow, Slow}, {r.Stall, Stall}, {r.Deaf, Deaf}} {
 		if x < c.p {
 			return c.o
 		}

@@ -42,6 +42,10 @@ type Mode struct {
 	PrefixHolders bool
 	// Strict keeps slots with KeepSlotsStrict half of the time.
 	Strict bool
+	// Deaf says the weather has calls that ignore their context: no call
+	// of the library can then return by its context's end, so how long an
+	// operation takes is not judged (what it does meanwhile still is).
+	Deaf bool
 	// Prune lets drivers prune the store: a run's lease row may be
 	// deleted, and its fences start over.
 	Prune bool
@@ -114,6 +118,9 @@ var (
 	// different runs interleave between their reads and their writes.
 	slowSlots = Weather{Name: "slow-slots", Rates: [numClasses]Rates{SlotWrite: {Slow: 0.6}, Read: {Slow: 0.4}}}
 	batchHang = Weather{Name: "batch-hang", Rates: [numClasses]Rates{MultiCAS: {Hang: 0.5, HangApplied: 0.2}}}
+	// deafSlots answers some slot writes up to one and a half TTLs late
+	// whatever their context says, while lease writes go through.
+	deafSlots = Weather{Name: "deaf-slots", Rates: [numClasses]Rates{SlotWrite: {Deaf: 0.3}}}
 )
 
 // leaseOps is the weight table of the lease workload.
@@ -231,6 +238,10 @@ func init() {
 		Scopes:  []ScopeSpec{{Name: "mem", Limit: 2}, {Name: "principal:p", Limit: 1}},
 		Ops:     withOps(slotOps, map[string]float64{"claim": 2, "slots-release": 1, "release-kept": 0.5}),
 		Weather: []Weather{slowSlots, healthy, unsentSlots, slotsDown, flaky}})
+	addMode(Mode{Name: "deaf", Doc: "slot writes that ignore their context and answer up to one and a half TTLs late, under keepers kept strictly or not",
+		Actors: 4, Runs: 3, Ops: slotOps, Shared: 1, Strict: true, Deaf: true, WeatherP: 0.08, Yield: 0.2,
+		Scopes:  []ScopeSpec{{Name: "mem", Limit: 1}, {Name: "principal:p", Limit: 2}},
+		Weather: []Weather{healthy, deafSlots}})
 	addMode(Mode{Name: "queue", Doc: "ClaimSlotsWait unfenced and through leases: priorities, weighted principals, two scopes, Take(n), contexts cancelled, waiters that die, stalls past the TTL, store clock steps, plain claims beside the queue",
 		Actors: 6, Runs: 3, Steps: 140, Ops: queueOps, WeatherP: 0.06, Yield: 0.2,
 		Scopes:     []ScopeSpec{{Name: "gpu", Limit: 3}, {Name: "mem", Limit: 2}},

@@ -21,7 +21,7 @@ func (w *World) observe(fresh bool) {
 	}
 	var late []*op
 	for _, o := range w.ops {
-		if !o.done && !o.overdue && now.After(o.bound) {
+		if !o.done && !o.overdue && now.After(o.bound) && !w.mode.Deaf {
 			o.overdue = true
 			late = append(late, o)
 		}

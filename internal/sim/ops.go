@@ -147,7 +147,7 @@ func (w *World) startOp() bool {
 func (w *World) launch(a *actor, desc string, limit time.Duration, body func(ctx context.Context, o *op) error) {
 	now := time.Now()
 	w.mu.Lock()
-	o := &op{id: len(w.ops) + 1, desc: desc, a: a, start: now, bound: now.Add(limit)}
+	o := &op{id: len(w.ops) + 1, desc: desc, a: a, gen: a.gen, start: now, bound: now.Add(limit)}
 	w.ops = append(w.ops, o)
 	a.busy++
 	w.mu.Unlock()
@@ -394,6 +394,7 @@ func (w *World) begin(a *actor, kind string) {
 			w.stopAll(a)
 			w.mu.Lock()
 			a.lease, a.slots, a.lost, a.stale = nil, nil, false, nil
+			a.gen++
 			w.mu.Unlock()
 			return nil
 		})

@@ -166,6 +166,19 @@ func (s *Store) finish(ctx context.Context, op, key string, o Outcome, conds []r
 func (s *Store) finishRec(ctx context.Context, rec callRecord, after func(*callRecord), apply func() bool) (bool, error) {
 	op, key, o := rec.op, rec.key, rec.outcome
 	var cause error = errInjected
+	if o == Deaf {
+		s.mu.Lock()
+		x, _ := s.dec.draw("delay "+op, key)
+		stall := s.stall
+		s.mu.Unlock()
+		rec.delay = stall/2 + time.Duration(x*float64(stall))
+		s.trace("  %s %s → deaf to its context for %s", op, key, fmtDur(rec.delay))
+		select {
+		case <-time.After(rec.delay):
+		case <-s.heal:
+		}
+		o, rec.outcome = OK, Slow
+	}
 	if o == Slow || o == Stall {
 		s.mu.Lock()
 		x, _ := s.dec.draw("delay "+op, key)

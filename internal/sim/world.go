@@ -30,6 +30,10 @@ type actor struct {
 	holder  string
 	slotRun string // the run its slots are claimed for: the run of its lease at the claim
 	busy    int    // operations in flight
+	// gen counts the driver's abandons: rows written before its last
+	// abandon belong to objects it dropped, as a process that died would,
+	// and no call of its later objects answers for them.
+	gen int
 
 	lease Lease // nil when it holds none
 	fence uint64
@@ -89,6 +93,7 @@ type op struct {
 	id      int
 	desc    string
 	a       *actor
+	gen     int // a.gen when it started
 	start   time.Time
 	bound   time.Time // it must have returned by then
 	done    bool
@@ -124,6 +129,7 @@ type World struct {
 	claims      map[string]*claimRec     // slot run → its claim in flight
 	userValues  map[string]bool          // every user value a fenced write landed
 	writer      map[string]*actor        // key → the driver whose operation last wrote it, when known
+	writerGen   map[string]int           // key → that driver's gen when the operation started
 	releasing   map[Lease]bool           // leases whose driver called a release
 	fenceHolder map[string]string        // run|fence → the holder granted it first
 	confirmed   map[Lease][]confirmation // the calls on the lease that succeeded
