@@ -2,7 +2,6 @@ package runlease
 
 import (
 	"context"
-	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -94,10 +93,10 @@ func entryRenewalDue(wrote time.Time, ttl time.Duration) time.Time {
 
 // batchedRenewals returns the MultiCASer to send s's entry renewals
 // through, and false when s has none or cannot key a batch (a Store value
-// that is not comparable).
+// that holds a slice, a map or a NaN).
 func batchedRenewals(s Store) (MultiCASer, bool) {
 	m, ok := s.(MultiCASer)
-	return m, ok && reflect.ValueOf(s).Comparable()
+	return m, ok && keyable(s)
 }
 
 // renewEntries sends writes, a waiter's entry renewals, with the renewals

@@ -4,7 +4,6 @@ import (
 	"container/heap"
 	"context"
 	"errors"
-	"reflect"
 	"slices"
 	"time"
 )
@@ -37,7 +36,7 @@ func (r *Renewer) dispatchLocked(now time.Time, leaseDue, slotsDue, chained []*K
 	for _, k := range leaseDue {
 		s := k.lease.store
 		bk := batchedKey{s, k.lease.key}
-		if _, ok := s.(MultiCASer); ok && reflect.ValueOf(s).Comparable() && !batched[bk] && k.lease.tryLock() {
+		if _, ok := s.(MultiCASer); ok && keyable(s) && !batched[bk] && k.lease.tryLock() {
 			if groups[s] == nil {
 				stores = append(stores, s)
 			}

@@ -186,8 +186,8 @@ var catalog = []mutation{
 	{
 		Name:   "entry-renewals-sent-alone",
 		File:   "queue_renew.go",
-		Old:    "return m, ok && reflect.ValueOf(s).Comparable()",
-		New:    "return m, ok && false && reflect.ValueOf(s).Comparable()",
+		Old:    "return m, ok && keyable(s)",
+		New:    "return m, ok && false && keyable(s)",
 		Breaks: "Each waiter renews its queue entries in a batch of its own, so a process with many waiting runs makes one round trip per waiter per renewal.",
 		Pkg:    ".", Tests: []string{"TestAProcesssWaitersRenewTheirEntriesTogether"},
 	},
