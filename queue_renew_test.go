@@ -20,7 +20,17 @@ import (
 // calls (renewals).
 type renewCounter struct {
 	roomStore
-	batches, multis, multiWrites atomic.Int64
+	batches, multis, multiWrites, reads atomic.Int64
+}
+
+func (c *renewCounter) MetaScan(ctx context.Context, prefix string) ([]Row, error) {
+	c.reads.Add(1)
+	return c.roomStore.MetaScan(ctx, prefix)
+}
+
+func (c *renewCounter) MetaScanMany(ctx context.Context, prefixes []string) ([][]Row, error) {
+	c.reads.Add(1)
+	return c.roomStore.(MultiScanner).MetaScanMany(ctx, prefixes)
 }
 
 func (c *renewCounter) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (bool, error) {
@@ -36,9 +46,10 @@ func (c *renewCounter) MetaCASMany(ctx context.Context, writes []CASWrite) ([]bo
 
 // TestAProcesssWaitersRenewTheirEntriesTogether: 30 waiters of one process
 // wait on two full scopes for longer than a TTL. Their entries are renewed
-// in a few shared calls, not one batch per waiter per renewal; every
-// renewal lands, so no waiter loses its place; and a waiter that leaves
-// takes its entries out.
+// in a few shared calls, not one batch per waiter per renewal, and without
+// reading the scopes (a renewal brings no news of them); every renewal
+// lands, so no waiter loses its place; and a waiter that leaves takes its
+// entries out.
 func TestAProcesssWaitersRenewTheirEntriesTogether(t *testing.T) {
 	t.Parallel()
 	const n = 30
@@ -46,7 +57,7 @@ func TestAProcesssWaitersRenewTheirEntriesTogether(t *testing.T) {
 		t.Parallel()
 		c := &renewCounter{roomStore: s}
 		scopes := []Scope{NamedScope("renew-a", 1), NamedScope("renew-b", 2)}
-		held, err := ClaimSlots(t.Context(), c, "holder", scopes[:1])
+		held, err := ClaimSlots(t.Context(), c, "holder", scopes[:1], WithTTL(time.Minute))
 		require.NoError(t, err)
 		defer held.Release(context.Background())
 
@@ -60,7 +71,7 @@ func TestAProcesssWaitersRenewTheirEntriesTogether(t *testing.T) {
 		errs := make(chan error, n)
 		for i := range n {
 			wg.Go(func() {
-				_, err := ClaimSlotsWait(ctx, c, "renewing-"+strconv.Itoa(i), scopes, WithTTL(MinTTL), hooks)
+				_, err := ClaimSlotsWait(ctx, c, "renewing-"+strconv.Itoa(i), scopes, WithTTL(MinTTL), WithWaitPoll(time.Hour), hooks)
 				errs <- err
 			})
 		}
@@ -69,11 +80,15 @@ func TestAProcesssWaitersRenewTheirEntriesTogether(t *testing.T) {
 			return err == nil && len(q) == n
 		}, 30*time.Second, time.Millisecond)
 		placed := c.batches.Load()
+		// Reads in flight when the last entry landed end within moments.
+		time.Sleep(100 * time.Millisecond)
+		reads := c.reads.Load()
 
 		// Long enough for every entry to be renewed at least twice:
 		// renewals come at most a third of the TTL apart.
 		time.Sleep(MinTTL)
 		calls, writes := c.multis.Load(), c.multiWrites.Load()
+		reads = c.reads.Load() - reads
 		q, err := s.MetaScan(t.Context(), queueScopePrefix("renew-a"))
 		require.NoError(t, err)
 		cancel()
@@ -83,8 +98,13 @@ func TestAProcesssWaitersRenewTheirEntriesTogether(t *testing.T) {
 			require.ErrorIs(t, err, context.Canceled)
 		}
 
-		t.Logf("%d renewal calls carried %d entry writes; %d batches placed the waiters, %d more while they waited",
-			calls, writes, placed, c.batches.Load()-placed)
+		t.Logf("%d renewal calls carried %d entry writes; %d batches placed the waiters, %d more while they waited; %d reads",
+			calls, writes, placed, c.batches.Load()-placed, reads)
+		// The waiters still look when an entry ahead of them would have
+		// expired had it not been renewed: one read per scope they share,
+		// about once a TTL, where reading before each renewal made one
+		// per waiter and scope every third of it (180 here).
+		assert.LessOrEqual(t, reads, int64(3*len(scopes)), "renewing reads nothing")
 		assert.Len(t, q, n, "every waiter is still queued after a TTL")
 		assert.Zero(t, requeued.Load(), "no waiter lost its place")
 		assert.Equal(t, placed, c.batches.Load(), "no entry was renewed alone")
@@ -358,4 +378,32 @@ func TestEntryRenewalsFallOnSharedBeats(t *testing.T) {
 		Equal(entryRenewalDue(entryBeatOrigin.Add(beat-time.Millisecond), ttl)))
 	on := entryBeatOrigin.Add(40 * beat)
 	assert.True(t, on.Add(4*beat).Equal(entryRenewalDue(on.Add(50*time.Microsecond), ttl)))
+}
+
+// TestARenewalDoesNotPutTheNextLookOff: a waiter whose entries are renewed
+// before its poll is due still looks at the scope when the poll is due,
+// not a poll interval after the renewal.
+func TestARenewalDoesNotPutTheNextLookOff(t *testing.T) {
+	least := func(int64) int64 { return 0 } // every jitter at its least: 3/4 of the interval
+	jitterDraw.Store(&least)
+	defer jitterDraw.Store(nil)
+	synctest.Test(t, func(t *testing.T) {
+		c := &renewCounter{roomStore: roomSQLite(t)}
+		scopes := []Scope{NamedScope("looking", 1)}
+		_, err := ClaimSlots(t.Context(), c, "holder", scopes, WithTTL(time.Hour))
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		// Renewed between 1.25 and 1.67 s after it queued; polled at
+		// 1.8 s (3/4 of 2.4 s).
+		go func() { _, _ = ClaimSlotsWait(ctx, c, "waiter", scopes, WithTTL(MinTTL), WithWaitPoll(2400*time.Millisecond)) }()
+		synctest.Wait()
+		reads, renewals := c.reads.Load(), c.multis.Load()
+		time.Sleep(2500 * time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, int64(1), c.multis.Load()-renewals, "renewed once")
+		assert.Equal(t, int64(1), c.reads.Load()-reads, "looked once, at the poll")
+		cancel()
+		synctest.Wait()
+	})
 }

@@ -81,9 +81,13 @@ type room struct {
 	mu      sync.Mutex
 	waiters map[chan struct{}]struct{} // each waiter's wake-up channel
 	ringSeq uint64                     // the tick of the latest ring
-	rings   uint64                     // how many rings were fanned out
-	flight  *roomScan                  // the latest scan in flight, if any
-	last    *roomScan                  // the latest scan that succeeded, if any
+	// expiryTick is the latest tick a waiter woken by an expiry took,
+	// after the clock that judges expiry read expiryMS (tickAfter).
+	expiryTick uint64
+	expiryMS   int64
+	rings      uint64    // how many rings were fanned out
+	flight     *roomScan // the latest scan in flight, if any
+	last       *roomScan // the latest scan that succeeded, if any
 }
 
 // roomScan is one scan of a room's scope. raw and err are written by the
@@ -213,6 +217,22 @@ func (r *room) lastRing() uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.ringSeq
+}
+
+// tickAfter returns a tick taken once the clock that judges expiry read
+// atMS or later, for a waiter woken by an expiry at atMS: the tick an
+// earlier waiter recorded, when its reading was that late, so that the
+// waiters woken by one expiry share the scan that follows it; otherwise
+// tick, which the caller took after its clock read nowMS, recorded for
+// the waiters after it.
+func (r *room) tickAfter(atMS, nowMS int64, tick uint64) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.expiryTick != 0 && r.expiryMS >= atMS {
+		return r.expiryTick
+	}
+	r.expiryMS, r.expiryTick = nowMS, tick
+	return tick
 }
 
 // rows returns the rows of the room's scope from a scan that started after

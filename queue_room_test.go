@@ -348,3 +348,57 @@ func TestNoSubscriptionOrGoroutineOutlivesARoomsLastWaiter(t *testing.T) {
 		goleak.VerifyNone(t, before)
 	})
 }
+
+// TestAProcesssWaitersShareOneReadPerExpiry: 20 waiters of one process wait
+// on a full scope whose holder died (its slot is not renewed). When the
+// slot expires, every waiter wakes for it, and they share the read that
+// follows: at most one read of the scope for the expiry, plus one per
+// admission the store refused. Each waiter reading for itself made 20.
+func TestAProcesssWaitersShareOneReadPerExpiry(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	roomStores(t, func(t *testing.T, s roomStore) {
+		t.Parallel()
+		c := &scanCounter{roomStore: s}
+		store := multiScanCounter{c}
+		scopes := []Scope{NamedScope("expiring", 1)}
+		_, err := ClaimSlots(t.Context(), store, "dead-holder", scopes, WithTTL(MinTTL))
+		require.NoError(t, err)
+		claimed := time.Now()
+
+		ctx, cancel := context.WithCancel(t.Context())
+		admitted := make(chan *Slots, n)
+		var wg sync.WaitGroup
+		defer func() { cancel(); wg.Wait() }()
+		for i := range n {
+			wg.Go(func() {
+				// A long TTL: no entry ahead of a waiter expires meanwhile.
+				sl, err := ClaimSlotsWait(ctx, store, "waiter-"+strconv.Itoa(i), scopes,
+					WithWaitPoll(time.Hour), WithTTL(time.Minute))
+				if err == nil {
+					admitted <- sl
+				}
+			})
+		}
+		require.Eventually(t, func() bool {
+			q, err := s.MetaScan(t.Context(), queueScopePrefix("expiring"))
+			return err == nil && len(q) == n
+		}, 30*time.Second, time.Millisecond)
+		settle(t, c, store, "expiring")
+		require.Less(t, time.Since(claimed), MinTTL-time.Second, "the waiters settled before the slot expired")
+
+		reads, refused := c.reads.Load(), c.refused.Load()
+		var sl *Slots
+		select {
+		case sl = <-admitted:
+		case <-time.After(30 * time.Second):
+			t.Fatal("no waiter was admitted after the slot expired")
+		}
+		settle(t, c, store, "expiring")
+		reads, refused = c.reads.Load()-reads, c.refused.Load()-refused
+		t.Logf("%d reads, %d refused admissions", reads, refused)
+		assert.GreaterOrEqual(t, reads, int64(1), "the waiters read the scope once the slot expired")
+		assert.LessOrEqual(t, reads, 2+refused, "one read for the expiry, whatever the number of waiters")
+		require.NoError(t, sl.Release(t.Context()))
+	})
+}

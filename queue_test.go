@@ -400,8 +400,8 @@ func TestAStalledWaiterQueuesAgainAtTheBack(t *testing.T) {
 	})
 }
 
-// gatedStore is a SQLite store whose reads can be held up, as a process
-// paused mid-wait is.
+// gatedStore is a SQLite store whose reads and renewals can be held up, as
+// a process paused mid-wait is.
 type gatedStore struct {
 	*runlease.SQLiteStore
 	mu   sync.Mutex
@@ -420,6 +420,22 @@ func (g *gatedStore) MetaScanMany(ctx context.Context, prefixes []string) ([][]r
 		<-gate
 	}
 	return g.SQLiteStore.MetaScanMany(ctx, prefixes)
+}
+
+// MetaCASMany, the entries' renewal, is held up too, until the gate opens
+// or its context ends.
+func (g *gatedStore) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]bool, error) {
+	g.mu.Lock()
+	gate := g.gate
+	g.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, &runlease.StorageError{Op: "MetaCASMany", Err: ctx.Err(), Unknown: true}
+		}
+	}
+	return g.SQLiteStore.MetaCASMany(ctx, writes)
 }
 
 func TestAWaiterStalledPastItsTTLGivesUpAPlaceTheStoreStillShows(t *testing.T) {
@@ -446,7 +462,7 @@ func TestAWaiterStalledPastItsTTLGivesUpAPlaceTheStoreStillShows(t *testing.T) {
 		placed := get(t, g, "runqueue:3:mem:r")
 
 		g.hold()
-		time.Sleep(runlease.MinTTL + time.Second) // its renewal read hangs meanwhile
+		time.Sleep(runlease.MinTTL + time.Second) // its renewal hangs meanwhile
 		g.open()
 		synctest.Wait()
 		require.Len(t, requeued, 1)

@@ -262,7 +262,7 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 			}
 			return nil, err
 		}
-		if err := w.sleep(ctx, next); err != nil {
+		if err := w.sleepRenewing(ctx, next); err != nil {
 			return nil, err
 		}
 		try = -1
@@ -486,13 +486,55 @@ func (w *waiter) keepPlace(ctx context.Context, states []*scopeState, rank *queu
 	if w.queued && time.Now().Before(entryRenewalDue(w.wroteAt, w.s.o.ttl)) {
 		return nil
 	}
-	if w.queued && time.Since(w.wroteAt) >= w.s.o.ttl-w.s.margin {
+	if w.queued && w.stalled() {
 		// Stalled past the TTL, less the margin: others may have seen the
 		// entries expire and been admitted over them, so the place is
 		// given up rather than renewed.
 		w.requeued("the waiter stalled past its TTL")
 		rank = w.rank(states)
 	}
+	return w.putPlace(ctx, states, rank)
+}
+
+// stalled reports whether others may see the entries expired: they were
+// written a TTL less the margin ago, or longer, or the clock that judges
+// expiry says they expire within the margin.
+func (w *waiter) stalled() bool { return !time.Now().Before(w.placeTrustEnd()) }
+
+// placeTrustEnd is when the waiter stops trusting its entries, by its own
+// clock: a TTL less the margin after it wrote them, or a margin before
+// they expire by the clock that judges expiry, whichever comes first.
+func (w *waiter) placeTrustEnd() time.Time {
+	left := time.Duration(w.me.UntilMS-w.s.o.nowMS())*time.Millisecond - w.s.margin
+	return earliest(w.wroteAt.Add(w.s.o.ttl-w.s.margin), time.Now().Add(left))
+}
+
+// sleepRenewing sleeps as sleep does, and while it wakes only to renew the
+// entries of a place it holds, renews them and sleeps again, without
+// reading the scopes: a wake-up for the renewal alone brings no news of
+// them (a ring, an expiry it waits for, or the poll would). A renewal
+// that does not land leaves the place given up, and the read that follows
+// queues the run again.
+func (w *waiter) sleepRenewing(ctx context.Context, nextMS int64) error {
+	// One poll for the whole sleep: a renewal on the way does not put the
+	// next look off.
+	pollAt := time.Now().Add(jitter(w.s.o.poll))
+	for {
+		renew, err := w.sleep(ctx, nextMS, pollAt)
+		if err != nil || !renew || !w.queued || w.stalled() {
+			return err
+		}
+		me := w.me
+		if err := w.putPlace(ctx, nil, &me); err != nil {
+			return nil
+		}
+	}
+}
+
+// putPlace writes the run's entries at rank: a new place over states'
+// rows when it is not queued, a renewal of its own rows when it is (states
+// is then not used).
+func (w *waiter) putPlace(ctx context.Context, states []*scopeState, rank *queueEntry) error {
 	next := *rank
 	next.Seq++
 	start := time.Now()
@@ -531,7 +573,15 @@ func (w *waiter) keepPlace(ctx context.Context, states []*scopeState, rank *queu
 	if err != nil || !ok {
 		if w.queued && ctx.Err() == nil {
 			// (A wait whose context ended is leaving, not queueing again.)
-			w.requeued("its entries changed under it")
+			switch {
+			case w.stalled():
+				// The renewal could not land within the entries' trust.
+				w.requeued("the waiter stalled past its TTL")
+			case err != nil:
+				w.requeued("its entries could not be renewed: " + err.Error())
+			default:
+				w.requeued("its entries changed under it")
+			}
 		}
 		w.queued = false
 		if err != nil {
@@ -576,7 +626,7 @@ func (w *waiter) renewEntries(ctx context.Context, m MultiCASer, conds []Cond, o
 	for i := range ops {
 		writes[i] = CASWrite{Key: ops[i].Key, Expected: conds[i].Value, Value: ops[i].Value}
 	}
-	swapped, err := renewEntries(ctx, w.s.store, m, writes, w.wroteAt.Add(w.s.o.ttl-w.s.margin))
+	swapped, err := renewEntries(ctx, w.s.store, m, writes, w.placeTrustEnd())
 	if err != nil {
 		return false, err
 	}
@@ -597,34 +647,47 @@ func (w *waiter) requeued(why string) {
 }
 
 // sleep waits for a wake-up of any scope, the expiry at nextMS, the
-// renewal of the entries, or the poll interval, whichever comes first.
-func (w *waiter) sleep(ctx context.Context, nextMS int64) error {
-	d := jitter(w.s.o.poll)
+// renewal of the entries, or the poll at pollAt, whichever comes first,
+// and reports whether it woke for the renewal alone.
+func (w *waiter) sleep(ctx context.Context, nextMS int64, pollAt time.Time) (renew bool, err error) {
+	d := max(time.Until(pollAt), 0)
+	expiry := false
 	if nextMS != 0 {
 		if until := time.UnixMilli(nextMS).Sub(w.s.o.now()) + time.Millisecond; until < d {
-			d = max(until, time.Millisecond)
+			d, expiry = max(until, time.Millisecond), true
 		}
 	}
 	if w.queued {
-		if renew := time.Until(entryRenewalDue(w.wroteAt, w.s.o.ttl)); renew < d {
-			d = max(renew, 0)
+		if due := time.Until(entryRenewalDue(w.wroteAt, w.s.o.ttl)); due < d {
+			d, renew, expiry = max(due, 0), true, false
 		}
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return ctx.Err()
+		return false, ctx.Err()
 	case <-t.C:
-		w.fresh = roomTick()
+		if !expiry {
+			w.fresh = roomTick()
+			return renew, nil
+		}
+		// Every waiter of the process that waited for this expiry needs
+		// the same: a scan started after it, which they share.
+		ms := w.s.o.nowMS()
+		tick := roomTick()
+		for _, r := range w.rooms {
+			w.fresh = max(w.fresh, r.tickAfter(nextMS, ms, tick))
+		}
+		return false, nil
 	case <-w.wake:
 		// Every waiter woken by one ring needs the same: a scan started
 		// after it, the first of which they all share.
 		for _, r := range w.rooms {
 			w.fresh = max(w.fresh, r.lastRing())
 		}
+		return false, nil
 	}
-	return nil
 }
 
 // leave takes the run's entries out of the queues, waking the waiters

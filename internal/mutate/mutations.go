@@ -192,6 +192,22 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestAProcesssWaitersRenewTheirEntriesTogether"},
 	},
 	{
+		Name:   "expiry-reads-not-shared",
+		File:   "queue_room.go",
+		Old:    "if r.expiryTick != 0 && r.expiryMS >= atMS {",
+		New:    "if false && r.expiryTick != 0 && r.expiryMS >= atMS {",
+		Breaks: "The waiters of one process woken by one expiry each read the scope for themselves, so an expiry costs one read per waiter.",
+		Pkg:    ".", Tests: []string{"TestAProcesssWaitersShareOneReadPerExpiry"},
+	},
+	{
+		Name:   "renewal-puts-poll-off",
+		File:   "queue_wait.go",
+		Old:    "\tpollAt := time.Now().Add(jitter(w.s.o.poll))\n\tfor {\n",
+		New:    "\tfor {\n\t\tpollAt := time.Now().Add(jitter(w.s.o.poll))\n",
+		Breaks: "A waiter that renews its entries before its poll is due starts its poll interval over, so it may look at the scope only a poll interval after each renewal, or never while renewals come sooner.",
+		Pkg:    ".", Tests: []string{"TestARenewalDoesNotPutTheNextLookOff"},
+	},
+	{
 		Name:   "slot-loss-leaves-strict-keepers-running",
 		File:   "slots.go",
 		Old:    "\tif i >= 0 {\n\t\ts.endStrict()\n\t}\n",
