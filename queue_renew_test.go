@@ -396,7 +396,9 @@ func TestARenewalDoesNotPutTheNextLookOff(t *testing.T) {
 		defer cancel()
 		// Renewed between 1.25 and 1.67 s after it queued; polled at
 		// 1.8 s (3/4 of 2.4 s).
-		go func() { _, _ = ClaimSlotsWait(ctx, c, "waiter", scopes, WithTTL(MinTTL), WithWaitPoll(2400*time.Millisecond)) }()
+		go func() {
+			_, _ = ClaimSlotsWait(ctx, c, "waiter", scopes, WithTTL(MinTTL), WithWaitPoll(2400*time.Millisecond))
+		}()
 		synctest.Wait()
 		reads, renewals := c.reads.Load(), c.multis.Load()
 		time.Sleep(2500 * time.Millisecond)
