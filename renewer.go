@@ -100,7 +100,17 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 		})
 	}
 	r.mu.Lock()
-	report, end := func() {}, func() { unwatch() }
+	// Ended already (its lease lost, a strictly kept slot given up, or
+	// ctx ended, while it was being registered): the end's own clean-up
+	// may have run before a registration landed, so both are undone
+	// again here (each is a no-op when already undone).
+	report, end := func() {}, func() {
+		unwatch()
+		lease.removeKeeper(k)
+		if k.strict {
+			k.slots.removeStrict(k)
+		}
+	}
 	if k.err == nil { // not lost, nor ctx ended, already
 		k.unwatch = unwatch
 		now := time.Now()
