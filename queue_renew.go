@@ -17,11 +17,19 @@ import (
 // first multiple of ttl/12 (counted from one process-wide origin) at or
 // after a quarter of the TTL since its last write, so waiters of one TTL
 // renew at the same instants, whenever they queued, and every third of the
-// TTL at most. Second, renewals are sent by one flusher per Store value
-// while any are pending: a renewal that arrives while a call is in flight
-// goes in the next one, and the first renewal of a beat waits a moment
-// (entryGather) for the others before the flusher starts, so a beat's
-// renewals take one call.
+// TTL at most. Second, the first renewal of a Store value opens a batch
+// and gives the others a moment (entryGather) to join it; then it closes
+// the batch and sends it, in one call (or a few, for more than MaxMultiCAS
+// writes or two renewals of one key), on goroutines of their own. A
+// renewal arriving after that opens the next batch, which goes without
+// waiting for the calls in flight: a slow call delays only the renewals it
+// carries, never those behind it.
+//
+// A call runs until the latest trust end among its renewals, or until
+// none of its waiters waits for it any more. A renewal whose own trust
+// ends before its call answers is no use to its waiter even if it landed:
+// the waiter treats it as a stall (its entries may have looked expired to
+// others meanwhile) and queues again (queue_wait.go renewEntries).
 //
 // A renewal is conditional on each entry being the row the waiter last
 // wrote, key by key. MultiCASer is not atomic as a whole, so a waiter with
@@ -31,42 +39,38 @@ import (
 // in one batch, as before. A fault leaves each write's outcome to the
 // waiter, which reads its rows back.
 //
-// entryBatches.mu is a leaf lock, held only to find, make or remove a
-// Store value's batch, to add, withdraw or take pending renewals, and to
-// count the waiters a call in flight still has; the store is called by
-// the flusher without it. A flusher exists exactly while its batch is in
-// the map (from the renewal that made it, which starts it after a moment):
-// it removes the batch, under the lock, when it finds nothing pending, so
-// a renewal added after that makes a new batch and a new flusher. A call
-// whose waiters have all given up is cut short, so a flusher never
-// outlives its waiters by more than a store call that honours its
-// context.
+// entryBatches.mu is a leaf lock, held only to find, open or close a Store
+// value's open batch, to add or withdraw a renewal, and to count the
+// waiters a call in flight still has. The store is called without it, by
+// goroutines that each own one call and end with it.
 var entryBatches = struct {
 	mu sync.Mutex
-	m  map[Store]*entryBatch
+	m  map[Store]*entryBatch // the open batch of each Store value, if any
 }{m: map[Store]*entryBatch{}}
 
-// entryBatch is the renewals waiting to be sent to one Store value.
+// entryBatch is the renewals gathered for one call (or a few) to one Store
+// value.
 type entryBatch struct {
-	pending []*entryRenewal // guarded by entryBatches.mu
+	pending []*entryRenewal // guarded by entryBatches.mu until it is closed
 }
 
 // entryRenewal is one waiter's renewal of its entries.
 type entryRenewal struct {
 	writes []CASWrite
 	// end is when the renewal stops being of use: the trust end of the
-	// entries it renews. A call carrying it is cut short then.
+	// entries it renews.
 	end time.Time
 
-	done    chan struct{} // closed by the flusher once swapped and err are set
+	done    chan struct{} // closed by the call's goroutine once swapped and err are set
 	swapped []bool
 	err     error
 
 	call *entryCall // the call carrying it, once sent; guarded by entryBatches.mu
+	left bool       // its waiter let go of the call; guarded by entryBatches.mu
 }
 
-// entryGather is how long the renewal that starts a flusher waits for the
-// rest of its beat's renewals to arrive.
+// entryGather is how long the renewal that opens a batch waits for the
+// rest of its beat's renewals to join it.
 const entryGather = 10 * time.Millisecond
 
 // entryBeatOrigin is the origin of every waiter's renewal beat: a reading
@@ -114,38 +118,30 @@ func renewEntries(ctx context.Context, s Store, m MultiCASer, writes []CASWrite,
 	r := &entryRenewal{writes: writes, end: end, done: make(chan struct{})}
 	entryBatches.mu.Lock()
 	b := entryBatches.m[s]
-	start := b == nil
-	if start {
+	opened := b == nil
+	if opened {
 		b = &entryBatch{}
 		entryBatches.m[s] = b
 	}
 	b.pending = append(b.pending, r)
 	entryBatches.mu.Unlock()
-	if start {
+	if opened {
 		// Renewals due on one beat arrive within moments of each other:
-		// the renewal that made the batch gives them a moment to join it,
-		// so that they go in one call rather than the first alone. A
-		// renewal has a good part of a TTL to land.
+		// the renewal that opened the batch gives them a moment to join
+		// it. A renewal has a good part of a TTL to land.
 		t := time.NewTimer(entryGather)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
+			b.withdraw(r) // not sent for a waiter that left; the others are
 		}
 		t.Stop()
-		go b.flush(s, m)
+		b.send(s, m)
 	}
 	select {
 	case <-r.done:
 	case <-ctx.Done():
-		entryBatches.mu.Lock()
-		if i := slices.Index(b.pending, r); i >= 0 {
-			b.pending = slices.Delete(b.pending, i, i+1)
-		} else if c := r.call; c != nil {
-			if c.live--; c.live == 0 {
-				c.cancel()
-			}
-		}
-		entryBatches.mu.Unlock()
+		b.withdraw(r)
 		return nil, ctx.Err()
 	}
 	if r.err == nil || !IsOutcomeUnknown(r.err) {
@@ -162,86 +158,105 @@ func renewEntries(ctx context.Context, s Store, m MultiCASer, writes []CASWrite,
 	return swapped, nil
 }
 
-// entryCall is one MetaCASMany call of a flusher: how many of the waiters
-// whose renewals it carries still wait for it, and how to cut it short
-// when none does. Its live count is guarded by entryBatches.mu.
+// withdraw takes r out of b if b is still open, and otherwise lets go of
+// the call carrying r, if it was sent: the call is cut short once none of
+// its waiters is left.
+func (b *entryBatch) withdraw(r *entryRenewal) {
+	entryBatches.mu.Lock()
+	defer entryBatches.mu.Unlock()
+	if i := slices.Index(b.pending, r); i >= 0 {
+		b.pending = slices.Delete(b.pending, i, i+1)
+	} else if c := r.call; c != nil && !r.left {
+		r.left = true
+		if c.live--; c.live == 0 {
+			c.cancel()
+		}
+	}
+}
+
+// entryCall is one MetaCASMany call: how many of the waiters whose
+// renewals it carries still wait for it, and how to cut it short when none
+// does. Its live count is guarded by entryBatches.mu.
 type entryCall struct {
 	live   int
 	cancel context.CancelFunc
 }
 
-// flush sends the pending renewals of Store value s, a call at a time,
-// until none is left, and then removes the batch. Renewals that arrive
-// while a call is in flight go together in the next.
-func (b *entryBatch) flush(s Store, m MultiCASer) {
-	for {
-		// A renewal whose entries' trust has ended is of no use: it is
-		// not sent, and reported as not applied, so its waiter queues
-		// again, as it would have on finding itself stalled.
-		now := time.Now()
-		var stale []*entryRenewal
-		entryBatches.mu.Lock()
-		chunk := b.takeLocked()
-		if len(chunk) == 0 {
-			delete(entryBatches.m, s)
-			entryBatches.mu.Unlock()
-			return
+// send closes b, the open batch of Store value s, and sends its renewals
+// through m, each call on a goroutine of its own. A renewal whose trust
+// has ended is not sent: it is reported not applied.
+func (b *entryBatch) send(s Store, m MultiCASer) {
+	now := time.Now()
+	var stale []*entryRenewal
+	entryBatches.mu.Lock()
+	if entryBatches.m[s] == b {
+		delete(entryBatches.m, s)
+	}
+	live := b.pending[:0]
+	for _, r := range b.pending {
+		if now.Before(r.end) {
+			live = append(live, r)
+		} else {
+			stale = append(stale, r)
 		}
-		live := chunk[:0]
+	}
+	for rest := live; len(rest) > 0; {
+		var chunk []*entryRenewal
+		chunk, rest = takeCall(rest)
+		ctx, cancel := context.WithDeadline(context.Background(), latestEnd(chunk))
+		c := &entryCall{live: len(chunk), cancel: cancel}
 		for _, r := range chunk {
-			if now.Before(r.end) {
-				live = append(live, r)
-			} else {
-				stale = append(stale, r)
-			}
+			r.call = c
 		}
-		chunk = live
-		end := now.Add(time.Hour)
-		for _, r := range chunk {
-			end = earliest(end, r.end)
-		}
-		ctx, cancel := context.WithDeadline(context.Background(), end)
-		call := &entryCall{live: len(chunk), cancel: cancel}
-		for _, r := range chunk {
-			r.call = call
-		}
-		entryBatches.mu.Unlock()
-		for _, r := range stale {
-			r.swapped = make([]bool, len(r.writes))
-			close(r.done)
-		}
-		if len(chunk) == 0 {
-			cancel()
-			continue
-		}
-
-		var writes []CASWrite
-		for _, r := range chunk {
-			writes = append(writes, r.writes...)
-		}
-		swapped, err := m.MetaCASMany(ctx, writes)
-		cancel()
-		for _, r := range chunk {
-			if err != nil {
-				r.err = err
-			} else {
-				r.swapped, swapped = swapped[:len(r.writes)], swapped[len(r.writes):]
-			}
-			close(r.done)
-		}
+		go callMany(ctx, cancel, m, chunk)
+	}
+	b.pending = nil // closed: nothing is withdrawn from it any more
+	entryBatches.mu.Unlock()
+	for _, r := range stale {
+		r.swapped = make([]bool, len(r.writes))
+		close(r.done)
 	}
 }
 
-// takeLocked takes the pending renewals one call can carry: at most
+// latestEnd is the latest trust end among rs: a call runs as long as one
+// of its renewals could still use it.
+func latestEnd(rs []*entryRenewal) time.Time {
+	end := rs[0].end
+	for _, r := range rs[1:] {
+		if r.end.After(end) {
+			end = r.end
+		}
+	}
+	return end
+}
+
+// callMany sends the renewals of one call and hands each its outcome.
+func callMany(ctx context.Context, cancel context.CancelFunc, m MultiCASer, chunk []*entryRenewal) {
+	defer cancel()
+	var writes []CASWrite
+	for _, r := range chunk {
+		writes = append(writes, r.writes...)
+	}
+	swapped, err := m.MetaCASMany(ctx, writes)
+	for _, r := range chunk {
+		if err != nil {
+			r.err = err
+		} else {
+			r.swapped, swapped = swapped[:len(r.writes)], swapped[len(r.writes):]
+		}
+		close(r.done)
+	}
+}
+
+// takeCall splits off the renewals of rs one call can carry: at most
 // MaxMultiCAS writes and each key once (two waiters of one run, one of
 // them about to find it is not alone, go in separate calls), in the order
-// they arrived. entryBatches.mu is held.
-func (b *entryBatch) takeLocked() []*entryRenewal {
-	var chunk []*entryRenewal
+// they arrived, and returns them and the rest. It reorders nothing in the
+// rest.
+func takeCall(rs []*entryRenewal) (chunk, rest []*entryRenewal) {
 	keys := map[string]bool{}
 	n := 0
-	rest := b.pending[:0]
-	for _, r := range b.pending {
+	for _, r := range rs {
 		fits := n+len(r.writes) <= MaxMultiCAS
 		for _, w := range r.writes {
 			fits = fits && !keys[w.Key]
@@ -256,7 +271,5 @@ func (b *entryBatch) takeLocked() []*entryRenewal {
 		n += len(r.writes)
 		chunk = append(chunk, r)
 	}
-	clear(b.pending[len(rest):])
-	b.pending = rest
-	return chunk
+	return chunk, rest
 }

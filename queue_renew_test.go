@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -202,98 +203,96 @@ func renewAsync(ctx context.Context, f *fakeMulti, writes ...CASWrite) chan rene
 	return out
 }
 
-// waitPending waits until n renewals of f are pending.
-func waitPending(t *testing.T, f *fakeMulti, n int) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		entryBatches.mu.Lock()
-		defer entryBatches.mu.Unlock()
-		b := entryBatches.m[f]
-		return b != nil && len(b.pending) == n
-	}, 10*time.Second, time.Millisecond)
-}
-
-func TestRenewalsThatArriveDuringACallGoTogetherInTheNext(t *testing.T) {
-	f := newFakeMulti()
-	f.gate, f.in = make(chan struct{}), make(chan struct{}, 16)
-	for i := range 11 {
-		f.rows[fmt.Sprint("k", i)] = "old"
-	}
-	first := renewAsync(t.Context(), f, put("k0", "old", "new"))
-	<-f.in // the first call is in flight, alone
-	var rest []chan renewResult
-	for i := 1; i <= 10; i++ {
-		// Each renewal but the last expects a row it does not hold.
-		exp := "old"
-		if i == 10 {
-			exp = "other"
+// TestRenewalsThatArriveDuringACallGoTogetherWithoutWaitingForIt: a call
+// hangs; ten renewals that arrive meanwhile go together, in one call sent
+// while the first is still in flight, and each gets its own outcome.
+func TestRenewalsThatArriveDuringACallGoTogetherWithoutWaitingForIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeMulti()
+		f.gate, f.in = make(chan struct{}), make(chan struct{}, 16)
+		for i := range 11 {
+			f.rows[fmt.Sprint("k", i)] = "old"
 		}
-		rest = append(rest, renewAsync(t.Context(), f, put(fmt.Sprint("k", i), exp, "new")))
-	}
-	waitPending(t, f, 10)
-	close(f.gate)
+		first := renewAsync(t.Context(), f, put("k0", "old", "new"))
+		<-f.in // the first call is in flight, alone
+		var rest []chan renewResult
+		for i := 1; i <= 10; i++ {
+			// The last renewal expects a row it does not hold.
+			exp := "old"
+			if i == 10 {
+				exp = "other"
+			}
+			rest = append(rest, renewAsync(t.Context(), f, put(fmt.Sprint("k", i), exp, "new")))
+		}
+		<-f.in // the second call went, the first still hanging
+		synctest.Wait()
+		assert.Len(t, f.in, 0, "two calls, not more")
+		close(f.gate)
 
-	r := <-first
-	require.NoError(t, r.err)
-	assert.Equal(t, []bool{true}, r.swapped)
-	for i, ch := range rest {
-		r := <-ch
+		r := <-first
 		require.NoError(t, r.err)
-		assert.Equal(t, []bool{i != 9}, r.swapped, "renewal %d gets its own outcome", i+1)
-	}
-	calls := f.sent()
-	require.Len(t, calls, 2, "one call in flight, then one for every renewal that arrived meanwhile")
-	assert.Len(t, calls[1], 10)
-	require.Eventually(t, func() bool {
+		assert.Equal(t, []bool{true}, r.swapped)
+		for i, ch := range rest {
+			r := <-ch
+			require.NoError(t, r.err)
+			assert.Equal(t, []bool{i != 9}, r.swapped, "renewal %d gets its own outcome", i+1)
+		}
+		calls := f.sent()
+		require.Len(t, calls, 2)
+		for _, c := range calls {
+			slices.Sort(c)
+		}
+		assert.ElementsMatch(t, [][]string{{"k0"}, {"k1", "k10", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"}}, calls)
+		synctest.Wait()
 		entryBatches.mu.Lock()
 		defer entryBatches.mu.Unlock()
-		return entryBatches.m[f] == nil
-	}, 10*time.Second, time.Millisecond, "the flusher leaves once nothing is pending")
+		assert.Nil(t, entryBatches.m[f], "no batch is left open")
+	})
 }
 
 func TestTwoRenewalsOfOneKeyGoInSeparateCalls(t *testing.T) {
-	f := newFakeMulti()
-	f.gate, f.in = make(chan struct{}), make(chan struct{}, 16)
-	f.rows["k"], f.rows["z"] = "old", "old"
-	blocker := renewAsync(t.Context(), f, put("z", "old", "new"))
-	<-f.in
-	a := renewAsync(t.Context(), f, put("k", "old", "a"))
-	waitPending(t, f, 1)
-	b := renewAsync(t.Context(), f, put("k", "old", "b"))
-	waitPending(t, f, 2)
-	close(f.gate)
-	require.NoError(t, (<-blocker).err)
-	ra, rb := <-a, <-b
-	require.NoError(t, ra.err)
-	require.NoError(t, rb.err)
-	assert.Equal(t, []bool{true}, ra.swapped, "the first to arrive goes first")
-	assert.Equal(t, []bool{false}, rb.swapped, "the second finds the row the first wrote")
-	assert.Len(t, f.sent(), 3)
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeMulti()
+		f.rows["k"] = "old"
+		a := renewAsync(t.Context(), f, put("k", "old", "a"))
+		b := renewAsync(t.Context(), f, put("k", "old", "b"))
+		ra, rb := <-a, <-b
+		require.NoError(t, ra.err)
+		require.NoError(t, rb.err)
+		assert.Len(t, f.sent(), 2, "one key, two calls")
+		assert.ElementsMatch(t, []bool{true, false}, []bool{ra.swapped[0], rb.swapped[0]},
+			"one lands, the other finds the row it wrote")
+	})
 }
 
 func TestARenewalWithdrawnBeforeItIsSentIsNeverSent(t *testing.T) {
-	f := newFakeMulti()
-	f.gate, f.in = make(chan struct{}), make(chan struct{}, 16)
-	f.rows["z"], f.rows["k"] = "old", "old"
-	blocker := renewAsync(t.Context(), f, put("z", "old", "new"))
-	<-f.in
-	ctx, cancel := context.WithCancel(t.Context())
-	gone := renewAsync(ctx, f, put("k", "old", "new"))
-	waitPending(t, f, 1)
-	cancel()
-	r := <-gone
-	require.ErrorIs(t, r.err, context.Canceled)
-	waitPending(t, f, 0)
-	close(f.gate)
-	require.NoError(t, (<-blocker).err)
-	require.Eventually(t, func() bool {
-		entryBatches.mu.Lock()
-		defer entryBatches.mu.Unlock()
-		return entryBatches.m[f] == nil
-	}, 10*time.Second, time.Millisecond)
-	assert.Equal(t, [][]string{{"z"}}, f.sent())
-	v, _, _ := f.MetaGet(t.Context(), "k")
-	assert.Equal(t, "old", v)
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeMulti()
+		f.rows["a"], f.rows["k"] = "old", "old"
+		opener := renewAsync(t.Context(), f, put("a", "old", "new"))
+		ctx, cancel := context.WithCancel(t.Context())
+		gone := renewAsync(ctx, f, put("k", "old", "new"))
+		synctest.Wait() // both wait: the opener for the others to join
+		cancel()
+		r := <-gone
+		require.ErrorIs(t, r.err, context.Canceled)
+		require.NoError(t, (<-opener).err)
+		assert.Equal(t, [][]string{{"a"}}, f.sent())
+		v, _, _ := f.MetaGet(t.Context(), "k")
+		assert.Equal(t, "old", v)
+
+		// The renewal that opened a batch and gives up while it waits
+		// for the others is not sent either; the others are.
+		ctx, cancel = context.WithCancel(t.Context())
+		gone = renewAsync(ctx, f, put("k", "old", "new"))
+		synctest.Wait()
+		other := renewAsync(t.Context(), f, put("a", "new", "newer"))
+		synctest.Wait()
+		cancel()
+		require.ErrorIs(t, (<-gone).err, context.Canceled)
+		require.NoError(t, (<-other).err)
+		assert.Equal(t, [][]string{{"a"}, {"a"}}, f.sent())
+	})
 }
 
 func TestACallWhoseWaitersAllGaveUpIsCutShort(t *testing.T) {

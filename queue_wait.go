@@ -526,7 +526,15 @@ func (w *waiter) sleepRenewing(ctx context.Context, nextMS int64) error {
 		}
 		me := w.me
 		if err := w.putPlace(ctx, nil, &me); err != nil {
-			return nil
+			// The place is given up, and the read that follows queues
+			// the run again: a renewal refused, or lost to a fault of
+			// the store, is a place lost, not the end of the wait (the
+			// write of the new place meets the store's faults as any
+			// place's does). Anything else (a closed store, say) ends it.
+			if errors.Is(err, ErrConditionFailed) || errors.Is(err, ErrStorage) || ctx.Err() != nil {
+				return nil
+			}
+			return err
 		}
 	}
 }
@@ -619,18 +627,21 @@ func (w *waiter) putEntries(ctx context.Context, conds []Cond, ops []Op) (bool, 
 
 // renewEntries renews the entries of a queued waiter with the renewals
 // of the process's other waiters (queue_renew.go), and reports whether
-// every one landed. A renewal is of no use once the entries it renews are
-// no longer trusted, so it is cut short then.
+// every one landed in time. One confirmed only after the entries' trust
+// ended counts as not landed: others may have seen them expire meanwhile
+// and moved ahead, so the waiter gives its place up (putPlace finds it
+// stalled) rather than keep it.
 func (w *waiter) renewEntries(ctx context.Context, m MultiCASer, conds []Cond, ops []Op) (bool, error) {
 	writes := make([]CASWrite, len(ops))
 	for i := range ops {
 		writes[i] = CASWrite{Key: ops[i].Key, Expected: conds[i].Value, Value: ops[i].Value}
 	}
-	swapped, err := renewEntries(ctx, w.s.store, m, writes, w.placeTrustEnd())
+	end := w.placeTrustEnd()
+	swapped, err := renewEntries(ctx, w.s.store, m, writes, end)
 	if err != nil {
 		return false, err
 	}
-	return !slices.Contains(swapped, false), nil
+	return !slices.Contains(swapped, false) && time.Now().Before(end), nil
 }
 
 // requeued gives up the run's place and says so.

@@ -208,6 +208,22 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestARenewalDoesNotPutTheNextLookOff"},
 	},
 	{
+		Name:   "renewal-call-cut-at-earliest-end",
+		File:   "queue_renew.go",
+		Old:    "if r.end.After(end) {",
+		New:    "if r.end.Before(end) {",
+		Breaks: "A call carrying several waiters' entry renewals is cut at the earliest of their trust ends, so a waiter near its own end makes the others lose their places.",
+		Pkg:    ".", Tests: []string{"TestARenewalIsNotCutAtAnotherRenewalsTrustEnd", "TestAShortTTLWaiterDoesNotCutALongTTLWaitersRenewal"},
+	},
+	{
+		Name:   "renewal-confirmed-late-kept",
+		File:   "queue_wait.go",
+		Old:    "return !slices.Contains(swapped, false) && time.Now().Before(end), nil",
+		New:    "return !slices.Contains(swapped, false), nil",
+		Breaks: "A waiter keeps a place whose renewal was confirmed only after the entries' trust ended, though others may have seen them expire and moved ahead meanwhile.",
+		Pkg:    ".", Tests: []string{"TestARenewalConfirmedAfterItsTrustEndGivesThePlaceUp"},
+	},
+	{
 		Name:   "slot-loss-leaves-strict-keepers-running",
 		File:   "slots.go",
 		Old:    "\tif i >= 0 {\n\t\ts.endStrict()\n\t}\n",
