@@ -31,8 +31,10 @@ func main() {
 	ttl := flag.Duration("ttl", 30*time.Second, "lease TTL")
 	duration := flag.Duration("duration", 2*time.Minute, "how long to keep them after all are acquired")
 	workers := flag.Int("acquirers", 16, "goroutines acquiring the leases")
+	profile := flag.String("cpuprofile", "", "write a CPU profile of the run (acquiring and keeping) to this file")
+	heap := flag.String("heapprofile", "", "write a heap profile, taken once every lease is kept, to this file")
 	flag.Parse()
-	cfg := scalekit.Config{Leases: *n, TTL: *ttl, Duration: *duration, Acquirers: *workers}
+	cfg := scalekit.Config{Leases: *n, TTL: *ttl, Duration: *duration, Acquirers: *workers, CPUProfile: *profile, HeapProfile: *heap}
 	if err := run(*dsn, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "scale:", err)
 		os.Exit(1)

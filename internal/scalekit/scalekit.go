@@ -8,7 +8,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -25,6 +27,12 @@ type Config struct {
 	TTL       time.Duration // their TTL
 	Duration  time.Duration // how long to keep them once all are acquired
 	Acquirers int           // goroutines acquiring them
+	// CPUProfile, when set, is the file a CPU profile of the whole run
+	// (acquiring and keeping) is written to.
+	CPUProfile string
+	// HeapProfile, when set, is the file a heap profile is written to once
+	// every lease is acquired and kept.
+	HeapProfile string
 }
 
 // Report is what a run measured.
@@ -66,6 +74,11 @@ func Run(ctx context.Context, store runlease.Store, cfg Config) (Report, error) 
 		Lost: func(runlease.LossEvent) { c.lost.Add(1) },
 	}
 
+	stopProfile, err := startProfile(cfg.CPUProfile)
+	if err != nil {
+		return Report{}, err
+	}
+	defer stopProfile() // on an early return; a second call does nothing
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
@@ -86,6 +99,9 @@ func Run(ctx context.Context, store runlease.Store, cfg Config) (Report, error) 
 	var held runtime.MemStats
 	runtime.ReadMemStats(&held)
 	rep.HeapPerLease = float64(int64(held.HeapAlloc)-int64(before.HeapAlloc)) / float64(cfg.Leases)
+	if err := writeHeapProfile(cfg.HeapProfile); err != nil {
+		return Report{}, err
+	}
 	c.renewals.Store(0)
 	c.faults.Store(0)
 	c.mu.Lock()
@@ -94,6 +110,9 @@ func Run(ctx context.Context, store runlease.Store, cfg Config) (Report, error) 
 
 	time.Sleep(cfg.Duration)
 	rep.KeepCPU = cpuTime() - cpu1
+	if err := stopProfile(); err != nil {
+		return Report{}, err
+	}
 	for _, k := range keepers {
 		if k.Err() == nil {
 			rep.Alive++
@@ -162,4 +181,46 @@ func (r Report) Print(w io.Writer) {
 		r.P50.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond), r.LeastLeft.Round(time.Millisecond),
 		100*r.KeepCPU.Seconds()/r.Duration.Seconds(), r.HeapPerLease)
 	fmt.Fprintf(w, "\nacquired %d leases in %v (CPU %v)\n", r.Leases, r.Acquired.Round(time.Millisecond), r.AcquireCPU.Round(time.Millisecond))
+}
+
+// startProfile starts a CPU profile written to path, and returns the func
+// that ends it; with no path it does nothing.
+func startProfile(path string) (func() error, error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	var once sync.Once
+	var err2 error
+	return func() error {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			err2 = f.Close()
+		})
+		return err2
+	}, nil
+}
+
+// writeHeapProfile writes a heap profile to path; with no path it does
+// nothing.
+func writeHeapProfile(path string) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
