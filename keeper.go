@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
@@ -89,7 +90,7 @@ type Keeper struct {
 	lease  *Lease
 	slots  *Slots
 	strict bool
-	o      options
+	o      keepOptions
 	parent context.Context // the context Keep was given: its values reach renewals
 
 	// Guarded by r.mu. The work context and the done channel are made on
@@ -107,6 +108,15 @@ type Keeper struct {
 	slotWait  retry
 	lastErr   error // the last renewal fault, for ErrTrustExpired
 	err       error // why it ended; nil while running
+}
+
+// keepOptions is what a Keeper reads of its options, kept apart from the
+// options a call takes so that a process keeping many leases pays for no
+// more than these.
+type keepOptions struct {
+	ttl, interval, margin time.Duration
+	hooks                 Hooks
+	logger                *slog.Logger
 }
 
 // retry is the backoff state of one kind of renewal after faults.

@@ -86,7 +86,8 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 	if err := o.validateKeep(lease); err != nil {
 		return nil, err
 	}
-	k := &Keeper{r: r, lease: lease, slots: o.slots, strict: o.strictSlots, o: o, parent: ctx, index: -1}
+	k := &Keeper{r: r, lease: lease, slots: o.slots, strict: o.strictSlots, parent: ctx, index: -1,
+		o: keepOptions{ttl: o.ttl, interval: o.interval, margin: o.margin, hooks: o.hooks, logger: o.logger}}
 	if err := lease.addKeeper(k); err != nil {
 		return nil, err
 	}
