@@ -283,7 +283,9 @@ func scanMarks(rows []Row, scope string, nowMS int64, all map[string]string) (ma
 		if err != nil {
 			return nil, corruptRow(r.Key, r.Value, err)
 		}
-		all[r.Key] = r.Value
+		if all != nil {
+			all[r.Key] = r.Value
+		}
 		if m.UntilMS > nowMS {
 			marks[principal] = m.Finish
 		}

@@ -311,6 +311,14 @@ func (r *room) scan(ctx context.Context, f *roomScan) {
 		close(f.done)
 	}()
 	f.raw, f.err = scanScope(ctx, r.store, r.sc, true)
+	r.mu.Lock()
+	many := len(r.waiters) > 1
+	r.mu.Unlock()
+	if many {
+		// Its waiters decode the queue once between them (a waiter
+		// alone decodes it for itself, which costs it less).
+		f.raw.shared = &sharedQueue{}
+	}
 	f.cut = f.err != nil && ctx.Err() != nil
 }
 

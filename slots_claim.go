@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -394,7 +395,12 @@ func readScope(ctx context.Context, store Store, sc Scope, runID string, o optio
 // queue entries and its fair-share marks. A waiter's rows may be shared with
 // the other waiters of its process (queue_room.go), so decodeScope only
 // reads them.
-type scopeRows struct{ slots, queue, marks []Row }
+type scopeRows struct {
+	slots, queue, marks []Row
+	// shared, when set, decodes the queue once for every waiter that
+	// reads these rows (a room's scan): see sharedQueue.
+	shared *sharedQueue
+}
 
 // scanScope scans a scope's slots, queue and marks (see readScope for when
 // the marks are read).
@@ -404,7 +410,7 @@ func scanScope(ctx context.Context, store Store, sc Scope, marks bool) (scopeRow
 		if err != nil {
 			return scopeRows{}, err
 		}
-		return scopeRows{all[0], all[1], all[2]}, nil
+		return scopeRows{slots: all[0], queue: all[1], marks: all[2]}, nil
 	}
 	all, err := scanMany(ctx, store, sc.prefix(), queueScopePrefix(sc.name))
 	if err != nil {
@@ -459,16 +465,95 @@ func decodeScope(sc Scope, runID string, o options, raw scopeRows) (*scopeState,
 		}
 	}
 	var next int64
-	if st.queue, next, err = scanQueue(qrows, sc.name, now, st.entryRows); err != nil {
-		return nil, err
+	if raw.shared != nil {
+		// Decoded and sorted once for every waiter of the room; each
+		// keeps the entries live for it, in the same order.
+		q, err := raw.shared.decode(raw, sc.name)
+		if err != nil {
+			return nil, err
+		}
+		st.entryRows = q.rows
+		st.queue, next = q.liveAt(now)
+		if st.marks, err = scanMarks(mrows, sc.name, now, nil); err != nil {
+			return nil, err
+		}
+	} else {
+		if st.queue, next, err = scanQueue(qrows, sc.name, now, st.entryRows); err != nil {
+			return nil, err
+		}
+		if st.marks, err = scanMarks(mrows, sc.name, now, st.entryRows); err != nil {
+			return nil, err
+		}
 	}
 	if next != 0 && (st.nextMS == 0 || next < st.nextMS) {
 		st.nextMS = next
 	}
-	if st.marks, err = scanMarks(mrows, sc.name, now, st.entryRows); err != nil {
-		return nil, err
-	}
 	return st, nil
+}
+
+// sharedQueue is the queue of one scan of a room's scope, decoded once
+// for every waiter that reads it: every entry of the scope, sorted in rank
+// order whether live or not, and the raw rows of the entries and marks by
+// key. It is written once, under once, and only read after: waiters never
+// write through it (entryRows and queue of a scopeState made from it are
+// read-only, as every scopeState's are).
+type sharedQueue struct {
+	once  sync.Once
+	queue []queuedRow
+	rows  map[string]string
+	err   error
+
+	// The live entries at one millisecond, kept for the waiters that
+	// judge the scope at the same one (most of one wake-up's): a leaf
+	// lock, held only to read or replace them.
+	mu     sync.Mutex
+	atMS   int64
+	live   []queuedRow
+	nextMS int64
+}
+
+// liveAt returns the entries live at nowMS, in rank order, and the
+// earliest expiry among them (0 when none): the same slice to every
+// caller of one millisecond, which none of them writes through.
+func (q *sharedQueue) liveAt(nowMS int64) ([]queuedRow, int64) {
+	q.mu.Lock()
+	if q.live != nil && q.atMS == nowMS {
+		live, next := q.live, q.nextMS
+		q.mu.Unlock()
+		return live, next
+	}
+	q.mu.Unlock()
+	var next int64
+	live := make([]queuedRow, 0, len(q.queue))
+	for i := range q.queue {
+		if e := &q.queue[i].e; e.live(nowMS) {
+			live = append(live, q.queue[i])
+			if next == 0 || e.UntilMS < next {
+				next = e.UntilMS
+			}
+		}
+	}
+	if len(live) == 0 {
+		live = nil // as scanQueue returns no live entry
+	} else {
+		q.mu.Lock()
+		q.atMS, q.live, q.nextMS = nowMS, live, next
+		q.mu.Unlock()
+	}
+	return live, next
+}
+
+// decode decodes raw's queue and marks for scope, the first time it is
+// called, and returns them.
+func (q *sharedQueue) decode(raw scopeRows, scope string) (*sharedQueue, error) {
+	q.once.Do(func() {
+		q.rows = make(map[string]string, len(raw.queue)+len(raw.marks))
+		if q.queue, _, q.err = scanQueue(raw.queue, scope, math.MinInt64, q.rows); q.err != nil {
+			return
+		}
+		_, q.err = scanMarks(raw.marks, scope, math.MinInt64, q.rows)
+	})
+	return q, q.err
 }
 
 // claimRank is where a claim that does not wait ranks in a scope's queue:

@@ -224,6 +224,14 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestARenewalConfirmedAfterItsTrustEndGivesThePlaceUp"},
 	},
 	{
+		Name:   "shared-decode-keeps-expired",
+		File:   "slots_claim.go",
+		Old:    "if e := &q.queue[i].e; e.live(nowMS) {",
+		New:    "if e := &q.queue[i].e; e.live(nowMS) || true {",
+		Breaks: "Waiters sharing one decoding of a scope's queue count expired entries as waiting, so a dead waiter holds the others back past its TTL.",
+		Pkg:    ".", Tests: []string{"TestASharedDecodeJudgesAsADecodeOfItsOwn"},
+	},
+	{
 		Name:   "slot-loss-leaves-strict-keepers-running",
 		File:   "slots.go",
 		Old:    "\tif i >= 0 {\n\t\ts.endStrict()\n\t}\n",
