@@ -43,6 +43,31 @@ func TestSlotsTwinRowIsNeverTakenForOwnRenewal(t *testing.T) {
 	require.NoError(t, s2.Renew(ctx))
 }
 
+// TestSlotsRowOfAnotherClaimOfTheRunIsNotAdopted: S2, a second claim by
+// run r1, re-used r1's own slot, so the row names r1 but is S2's. S1's
+// renewal is refused and reads S2's row back: a row of its run that none
+// of its own writes in doubt could have stored. S1 gives the slot up
+// rather than adopt it, and its Release leaves S2's slot alone.
+func TestSlotsRowOfAnotherClaimOfTheRunIsNotAdopted(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := newSQLite(t)
+	scope := []runlease.Scope{runlease.NamedScope("gpu", 1)}
+	s1, err := runlease.ClaimSlots(ctx, s, "r1", scope, runlease.WithTTL(runlease.MinTTL))
+	require.NoError(t, err)
+	s2, err := runlease.ClaimSlots(ctx, s, "r1", scope, runlease.WithTTL(runlease.MinTTL)) // re-uses r1's own slot
+	require.NoError(t, err)
+	s2Row := get(t, s, "runslot:gpu:0")
+
+	_ = s1.Renew(ctx) // its slot is S2's now: dropped, whatever it reports
+	require.Empty(t, s1.Held(), "S1 adopted S2's row")
+	require.Equal(t, s2Row, get(t, s, "runslot:gpu:0"), "S1's renewal wrote nothing")
+	require.NoError(t, s1.Release(ctx))
+	require.Equal(t, s2Row, get(t, s, "runslot:gpu:0"), "S1's release left S2's slot alone")
+	require.Len(t, s2.Held(), 1)
+	require.NoError(t, s2.Renew(ctx))
+}
+
 // wrapped is a decorator of a store that says which store it wraps.
 type wrapped struct{ *testkit.Faulty }
 

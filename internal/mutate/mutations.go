@@ -146,7 +146,7 @@ var catalog = []mutation{
 		Old:    "return row.Holder == s.runID && slices.Contains(h.doubt, row.UntilMS)",
 		New:    "return row.Holder == s.runID",
 		Breaks: "A Slots adopts (and Release deletes) a slot row written by another claim of the same run.",
-		Pkg:    ".", Tests: with(slotTests, sims...), Env: simEnv,
+		Pkg:    ".", Tests: with(with(slotTests, sims...), "TestSlotsRowOfAnotherClaimOfTheRunIsNotAdopted"), Env: simEnv,
 	},
 
 	// Keepers and the renewer.
