@@ -162,16 +162,18 @@ func renewEntries(ctx context.Context, s Store, m MultiCASer, writes []CASWrite,
 // the call carrying r, if it was sent: the call is cut short once none of
 // its waiters is left.
 func (b *entryBatch) withdraw(r *entryRenewal) {
+	cut := func() {}
 	entryBatches.mu.Lock()
-	defer entryBatches.mu.Unlock()
 	if i := slices.Index(b.pending, r); i >= 0 {
 		b.pending = slices.Delete(b.pending, i, i+1)
 	} else if c := r.call; c != nil && !r.left {
 		r.left = true
 		if c.live--; c.live == 0 {
-			c.cancel()
+			cut = c.cancel
 		}
 	}
+	entryBatches.mu.Unlock()
+	cut() // outside the lock: cancelling reaches whatever the store hung on the context
 }
 
 // entryCall is one MetaCASMany call: how many of the waiters whose
