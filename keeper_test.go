@@ -443,3 +443,33 @@ func labelledGoroutines(value string) int {
 	}
 	return n
 }
+
+// Leases a Renewer keeps come due on shared beats, so leases acquired a few
+// milliseconds apart still renew together.
+func TestRenewerPutsLeasesKeptAtDifferentMomentsInStep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		five := runlease.WithTTL(5 * time.Second)
+		s := testkit.NewCountingBatcher(bubbleStore(t))
+		var r runlease.Renewer
+		defer r.Close()
+		// 40 leases acquired 10 ms apart: each comes due at its own
+		// moment unless the renewer puts due times on shared beats.
+		const n = 40
+		keepers := make([]*runlease.Keeper, n)
+		for i := range n {
+			l, err := runlease.Acquire(t.Context(), s, "r"+strconv.Itoa(i), "A", five)
+			require.NoError(t, err)
+			keepers[i], err = r.Keep(t.Context(), l)
+			require.NoError(t, err)
+			time.Sleep(10 * time.Millisecond)
+		}
+		s.Reset()
+		time.Sleep(20 * time.Second) // 12 intervals of 5 s / 3
+		for _, k := range keepers {
+			require.NoError(t, k.Err())
+		}
+		calls := s.CASes.Load() + s.Multis.Load()
+		assert.GreaterOrEqual(t, s.MultiWrites.Load(), int64(n*10), "nearly every renewal travels in a batch")
+		assert.LessOrEqual(t, calls, int64(12*4), "a few calls per interval, not one per lease (%d renewed alone)", s.CASes.Load())
+	})
+}

@@ -281,7 +281,22 @@ func (k *Keeper) leaseDueAt(st leaseState) time.Time {
 	if !k.leaseWait.at.IsZero() {
 		return k.leaseWait.at
 	}
-	return st.trustFrom.Add(k.o.interval)
+	return onBeat(st.trustFrom.Add(k.o.interval), k.o.interval)
+}
+
+// onBeat moves due back to the last beat at or before it: beats are the
+// multiples of interval/8 on the wall clock, so leases kept with one
+// interval by one Renewer come due at the same instants and go out in one
+// batched call, whenever each was acquired or last renewed. A lease renews
+// at most an eighth of its interval early. Only the phase is read from the
+// wall clock: the result is due moved back on its monotonic reading, so a
+// step of the wall clock can misalign a beat, never delay a renewal.
+func onBeat(due time.Time, interval time.Duration) time.Time {
+	beat := int64(interval / 8)
+	if beat <= 0 {
+		return due
+	}
+	return due.Add(-time.Duration(((due.UnixNano() % beat) + beat) % beat))
 }
 
 // lossLocked returns why k must end now, if it must: its lease lost, its

@@ -192,6 +192,14 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestAProcesssWaitersRenewTheirEntriesTogether"},
 	},
 	{
+		Name:   "renewals-off-beat",
+		File:   "renewer.go",
+		Old:    "return onBeat(st.trustFrom.Add(k.o.interval), k.o.interval)",
+		New:    "return st.trustFrom.Add(k.o.interval)",
+		Breaks: "Leases a Renewer keeps come due each at the moment it was acquired plus an interval, so leases acquired a few milliseconds apart never share a batched renewal: one round trip per lease per interval.",
+		Pkg:    ".", Tests: []string{"TestRenewerPutsLeasesKeptAtDifferentMomentsInStep"},
+	},
+	{
 		Name:   "expiry-reads-not-shared",
 		File:   "queue_room.go",
 		Old:    "if r.expiryTick != 0 && r.expiryMS >= atMS {",
