@@ -104,7 +104,12 @@ func WithCreateTable(create bool) PostgresOption {
 //
 // Each call is one round trip on a connection of the pool: its statements,
 // led by the isolation pin, each one that writes carrying the durability
-// pin, leave in one write with one Sync, and nothing is prepared. pgxpool
+// pin, leave in one write with one Sync. They run as prepared statements of
+// the connection (named "runlease_" and a hash of their text), each
+// prepared in the message of its first use, so preparing costs no round
+// trip of its own; a call that finds one dropped by other code on the
+// connection (DEALLOCATE, DISCARD ALL) was rolled back, and goes out again
+// with it prepared afresh. pgxpool
 // may ping a connection that sat idle for more than a second before
 // handing it out; that check precedes the call, and a connection that
 // fails it is replaced.

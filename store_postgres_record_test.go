@@ -17,8 +17,9 @@ import (
 )
 
 // sqlRecorder records, for every write on the connections it wraps, the
-// statements in it (the text of the extended protocol's Parse messages)
-// that name one table: one entry per round trip of a call on the table.
+// statements it runs (each Bind, named by the text its statement was
+// parsed from, now or by an earlier Parse on the connection) that name one
+// table: one entry per round trip of a call on the table.
 // It is safe for concurrent use.
 type sqlRecorder struct {
 	table string // as sanitized, the way the store's statements name it
@@ -70,6 +71,7 @@ type recordingConn struct {
 	r       *sqlRecorder
 	started bool // past the untyped startup (or SSL, cancel) messages
 	buf     []byte
+	parsed  map[string]string // statement name → its text
 }
 
 // pgProtocol3 is the protocol version of the startup message, the last
@@ -93,10 +95,18 @@ func (c *recordingConn) Write(b []byte) (int, error) {
 			break
 		}
 		n := 1 + int(binary.BigEndian.Uint32(c.buf[1:]))
-		if c.buf[0] == 'P' {
-			_, rest, _ := strings.Cut(string(c.buf[5:n]), "\x00") // the statement's name, then its text
+		switch c.buf[0] {
+		case 'P': // Parse: the statement's name, then its text
+			name, rest, _ := strings.Cut(string(c.buf[5:n]), "\x00")
 			query, _, _ := strings.Cut(rest, "\x00")
-			if strings.Contains(query, c.r.table) {
+			if c.parsed == nil {
+				c.parsed = map[string]string{}
+			}
+			c.parsed[name] = query
+		case 'B': // Bind: the portal's name, then the statement's, run once each
+			_, rest, _ := strings.Cut(string(c.buf[5:n]), "\x00")
+			name, _, _ := strings.Cut(rest, "\x00")
+			if query := c.parsed[name]; strings.Contains(query, c.r.table) {
 				stmts = append(stmts, query)
 			}
 		}

@@ -84,7 +84,7 @@ func (s *PostgresStore) prepareTable(ctx context.Context, op, table string, crea
 			return "", &SchemaError{Table: s.table, Problem: "table is not visible after creating it (check search_path)"}
 		}
 		err = s.do(ctx, op, "", true, func(c *pgx.Conn) error {
-			_, err := send(ctx, c, pgStmt{pgPinDurable, nil}, pgStmt{fmt.Sprintf(pgSchema, table), nil})
+			_, err := sendUnnamed(ctx, c, pgStmt{pgPinDurable, nil}, pgStmt{fmt.Sprintf(pgSchema, table), nil})
 			return err
 		})
 		// Two sessions that run CREATE TABLE IF NOT EXISTS at once can both

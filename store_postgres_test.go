@@ -614,16 +614,24 @@ func TestPostgresEachCallIsOneRoundTrip(t *testing.T) {
 			return err
 		}},
 	}
-	for _, c := range calls {
-		before := writes.Load()
-		require.NoError(t, c.call(), c.name)
-		assert.Equal(t, int64(1), writes.Load()-before, "%s: round trips", c.name)
+	// The first round prepares each statement in the call's own round trip;
+	// the second runs them prepared.
+	for round := range 2 {
+		for _, c := range calls {
+			before := writes.Load()
+			require.NoError(t, c.call(), c.name)
+			assert.Equal(t, int64(1), writes.Load()-before, "%s, round %d: round trips", c.name, round)
+		}
 	}
-	// No statement was prepared, so a fresh connection needs no extra round
-	// trip either.
-	var prepared int
-	require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM pg_prepared_statements", pgx.QueryExecModeExec).Scan(&prepared))
-	assert.Zero(t, prepared)
+	var names []string
+	rows, err := pool.Query(t.Context(), "SELECT name FROM pg_prepared_statements", pgx.QueryExecModeExec)
+	require.NoError(t, err)
+	names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	assert.NotEmpty(t, names, "the statements stay prepared on the connection")
+	for _, n := range names {
+		assert.True(t, strings.HasPrefix(n, "runlease_"), "prepared statement %q", n)
+	}
 }
 
 func TestPostgresServerRestart(t *testing.T) {
@@ -760,4 +768,58 @@ func readUntilAnswered(ctx context.Context, s runlease.Store, key string) (strin
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// Code sharing the pool may drop the store's prepared statements (DEALLOCATE,
+// DISCARD ALL). A call that finds one missing was rolled back by the server,
+// so it goes out again and lands once; a connection where that keeps
+// happening stops preparing.
+func TestPostgresStatementsDroppedByOtherCode(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s := pgStore(t, pool)
+	prepared := func(like string) []string {
+		rows, err := pool.Query(t.Context(), "SELECT name FROM pg_prepared_statements WHERE statement LIKE $1", pgx.QueryExecModeExec, like)
+		require.NoError(t, err)
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return names
+	}
+
+	require.True(t, mustCAS(t, s, "k", nil, "v1"))
+	require.True(t, mustCAS(t, s, "k", strptr("v1"), "v2"))
+	// Drop only the update: the isolation pin before it runs, then the
+	// update's Bind fails, and the whole call is rolled back.
+	updates := prepared("UPDATE %")
+	require.NotEmpty(t, updates)
+	for _, n := range updates {
+		_, err := pool.Exec(t.Context(), "DEALLOCATE "+pgx.Identifier{n}.Sanitize(), pgx.QueryExecModeExec)
+		require.NoError(t, err)
+	}
+	require.True(t, mustCAS(t, s, "k", strptr("v2"), "v3"), "the update went out again")
+	require.False(t, mustCAS(t, s, "k", strptr("v2"), "v4"), "and landed once")
+	got, _, err := s.MetaGet(t.Context(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, "v3", got)
+
+	// Everything dropped twice more: the third fault on the connection,
+	// which then stops preparing.
+	for i := range 2 {
+		require.NotEmpty(t, prepared("UPDATE %"), "prepared afresh after fault %d", i+1)
+		_, err = pool.Exec(t.Context(), "DEALLOCATE ALL", pgx.QueryExecModeExec)
+		require.NoError(t, err)
+		require.True(t, mustCAS(t, s, "k", strptr(fmt.Sprint("v", 3+i)), fmt.Sprint("v", 4+i)))
+	}
+	_, err = pool.Exec(t.Context(), "DEALLOCATE ALL", pgx.QueryExecModeExec)
+	require.NoError(t, err)
+	require.True(t, mustCAS(t, s, "k", strptr("v5"), "v6"))
+	assert.Empty(t, prepared("%"), "the connection prepares nothing any more")
+	got, _, err = s.MetaGet(t.Context(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, "v6", got)
 }

@@ -66,6 +66,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.runs, "runs", 3, "measurements per scenario, store and goroutine count; the table shows their medians")
 	gs := fs.String("goroutines", "1,4,16", "goroutine counts, comma-separated: each goroutine is one closed loop")
 	names := fs.String("scenarios", "all,handoff", "scenarios, comma-separated: all, handoff, claim, or any of "+scenarioNames())
+	fs.BoolVar(&benchkit.PostgresBaselinePrepared, "pg-prepared-baseline", false, "run the Postgres baseline's bare statements prepared (pgx's default cache), not parsed at every call")
 	fs.StringVar(&benchkit.SQLiteSynchronous, "sqlite-synchronous", benchkit.SQLiteSynchronous, "synchronous pragma of the SQLite baseline: keep it equal to the store's")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err

@@ -155,13 +155,26 @@ func newPgRaw(pool *pgxpool.Pool, table string, trips *TripCounter) *pgRaw {
 	return r
 }
 
-const pgMode = pgx.QueryExecModeExec
+// PostgresBaselinePrepared makes the bare statements of the Postgres
+// baseline run as prepared statements, cached per connection as pgx does by
+// default (QueryExecModeCacheStatement), instead of parsed afresh at every
+// call (QueryExecModeExec). The store prepares its statements; this is the
+// baseline of a caller who does too.
+var PostgresBaselinePrepared bool
+
+// pgMode is how the baseline sends its statements.
+func pgMode() pgx.QueryExecMode {
+	if PostgresBaselinePrepared {
+		return pgx.QueryExecModeCacheStatement
+	}
+	return pgx.QueryExecModeExec
+}
 
 func (r *pgRaw) Trips() int64 { return r.trips.Load() }
 
 func (r *pgRaw) Get(ctx context.Context, key string) (string, bool, error) {
 	var v string
-	err := r.pool.QueryRow(ctx, r.q.get, pgMode, key).Scan(&v)
+	err := r.pool.QueryRow(ctx, r.q.get, pgMode(), key).Scan(&v)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", false, nil
 	}
@@ -169,7 +182,7 @@ func (r *pgRaw) Get(ctx context.Context, key string) (string, bool, error) {
 }
 
 func (r *pgRaw) exec(ctx context.Context, sql string, args ...any) (bool, error) {
-	tag, err := r.pool.Exec(ctx, sql, append([]any{pgMode}, args...)...)
+	tag, err := r.pool.Exec(ctx, sql, append([]any{pgMode()}, args...)...)
 	return tag.RowsAffected() == 1, err
 }
 
@@ -199,7 +212,7 @@ func (r *pgRaw) FencedWrite(ctx context.Context, key, old, value, key2, value2 s
 
 func (r *pgRaw) Scan(ctx context.Context, prefix string) ([]runlease.Row, error) {
 	end, _ := runlease.PrefixEnd(prefix)
-	rows, err := r.pool.Query(ctx, r.q.scan, pgMode, prefix, end)
+	rows, err := r.pool.Query(ctx, r.q.scan, pgMode(), prefix, end)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +224,7 @@ func (r *pgRaw) Upsert(ctx context.Context, rows []runlease.Row) error {
 	for i, row := range rows {
 		keys[i], values[i] = row.Key, row.Value
 	}
-	_, err := r.pool.Exec(ctx, r.q.upsert, pgMode, keys, values)
+	_, err := r.pool.Exec(ctx, r.q.upsert, pgMode(), keys, values)
 	return err
 }
 

@@ -227,6 +227,6 @@ func (r *rawHandoff) await(ctx context.Context, key string) error {
 }
 
 func (r *rawHandoff) exec(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (bool, error) {
-	tag, err := pool.Exec(ctx, sql, append([]any{pgMode}, args...)...)
+	tag, err := pool.Exec(ctx, sql, append([]any{pgMode()}, args...)...)
 	return tag.RowsAffected() == 1, err
 }
