@@ -160,7 +160,7 @@ func (l *Lease) Read(ctx context.Context, key string) (value string, found bool,
 // token is held.
 func (l *Lease) judgeChanged(cur string, found bool) error {
 	if !found {
-		return l.lose(&LeaseLostError{RunID: l.runID, Cause: ErrRowChanged})
+		return l.lose(&LeaseLostError{RunID: l.RunID(), Cause: ErrRowChanged})
 	}
 	row, derr := decodeRow(cur)
 	switch {
@@ -168,9 +168,9 @@ func (l *Lease) judgeChanged(cur string, found bool) error {
 		l.adopt(cur)
 		return nil
 	case derr == nil && row.Holder == "" && row.Fence == l.fence:
-		return l.lose(&LeaseLostError{RunID: l.runID, Cause: ErrReleased, Fence: l.fence}, cur)
+		return l.lose(&LeaseLostError{RunID: l.RunID(), Cause: ErrReleased, Fence: l.fence}, cur)
 	}
-	return l.lose(lostFrom(l.runID, row, derr))
+	return l.lose(lostFrom(l.RunID(), row, derr))
 }
 
 // checkUserKey refuses keys a fenced write or read may not touch: keys a

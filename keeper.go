@@ -88,8 +88,7 @@ func KeepSlotsStrict(s *Slots) Option {
 type Keeper struct {
 	r      *Renewer
 	lease  *Lease
-	slots  *Slots
-	strict bool
+	ks     *keptSlots // the slots kept beside the lease; nil when none
 	o      keepOptions
 	parent context.Context // the context Keep was given: its values reach renewals
 
@@ -103,11 +102,19 @@ type Keeper struct {
 	index     int           // position in r.queue; -1 when not queued
 	next      time.Time     // when the loop must next look at this keeper
 	leaseJob  *job          // the lease renewal in flight, if any
-	slotJob   *job          // the slot renewal in flight, if any
 	leaseWait retry
-	slotWait  retry
 	lastErr   error // the last renewal fault, for ErrTrustExpired
 	err       error // why it ended; nil while running
+}
+
+// keptSlots is what a Keeper keeps of the slots it renews beside its
+// lease: a record of its own, so that a keeper of a lease alone pays for a
+// pointer. Its job and wait are guarded by Renewer.mu.
+type keptSlots struct {
+	slots  *Slots
+	strict bool
+	job    *job // the slot renewal in flight, if any
+	wait   retry
 }
 
 // keepOptions is what a Keeper reads of its options, kept apart from the
@@ -115,7 +122,7 @@ type Keeper struct {
 // more than these.
 type keepOptions struct {
 	ttl, interval, margin time.Duration
-	hooks                 Hooks
+	hooks                 *Hooks // nil: none
 	logger                *slog.Logger
 }
 
@@ -191,7 +198,23 @@ func (k *Keeper) Context() context.Context {
 func (k *Keeper) Lease() *Lease { return k.lease }
 
 // Slots returns the kept slots, or nil.
-func (k *Keeper) Slots() *Slots { return k.slots }
+func (k *Keeper) Slots() *Slots {
+	if k.ks == nil {
+		return nil
+	}
+	return k.ks.slots
+}
+
+// strict reports whether k ends when a kept slot's trust runs out.
+func (k *Keeper) strict() bool { return k.ks != nil && k.ks.strict }
+
+// slotJob returns the slot renewal in flight, if any. r.mu is held.
+func (k *Keeper) slotJob() *job {
+	if k.ks == nil {
+		return nil
+	}
+	return k.ks.job
+}
 
 // TrustedUntil returns when, by this process's monotonic clock, the holder
 // stops trusting the lease unless a renewal succeeds first. With
@@ -200,8 +223,8 @@ func (k *Keeper) Slots() *Slots { return k.slots }
 func (k *Keeper) TrustedUntil() time.Time {
 	now := time.Now()
 	end := k.trustEnd(k.lease.state(), now)
-	if k.strict {
-		if slots := k.slots.TrustedUntil(); !slots.IsZero() {
+	if k.strict() {
+		if slots := k.ks.slots.TrustedUntil(); !slots.IsZero() {
 			end = earliest(end, slots)
 		}
 	}
@@ -220,7 +243,7 @@ func (k *Keeper) Stop() {
 	k.r.end(k, ErrKeeperStopped)
 	k.r.mu.Lock()
 	var waits []chan struct{}
-	for _, j := range []*job{k.leaseJob, k.slotJob} {
+	for _, j := range []*job{k.leaseJob, k.slotJob()} {
 		if j != nil && j.batch == nil {
 			waits = append(waits, j.done)
 		}
@@ -241,8 +264,8 @@ func (k *Keeper) Stop() {
 func (k *Keeper) Release(ctx context.Context) error {
 	k.Stop()
 	var errs []error
-	if k.slots != nil {
-		errs = append(errs, k.slots.Release(ctx))
+	if k.ks != nil {
+		errs = append(errs, k.ks.slots.Release(ctx))
 	}
 	errs = append(errs, k.lease.Release(ctx))
 	return errors.Join(errs...)
@@ -269,8 +292,8 @@ func (o *options) validateKeep(lease *Lease) error {
 		switch s := o.slots; {
 		case s == nil:
 			return invalidArg("slots", "nil")
-		case s.runID != lease.runID:
-			return invalidArg("slots", "slots of run %q cannot be kept with the lease of run %q", s.runID, lease.runID)
+		case s.runID != lease.RunID():
+			return invalidArg("slots", "slots of run %q cannot be kept with the lease of run %q", s.runID, lease.RunID())
 		case s.o.ttl < o.ttl:
 			return invalidArg("slots", "slot TTL %v is shorter than the lease's %v: claim them with the lease's TTL", s.o.ttl, o.ttl)
 		}
@@ -323,7 +346,7 @@ func (k *Keeper) trustExpired() error {
 	if k.lastErr != nil {
 		cause = fmt.Errorf("last renewal fault: %w", k.lastErr)
 	}
-	return &LeaseLostError{RunID: k.lease.runID, Cause: ErrTrustExpired, Fence: k.lease.fence, Err: cause}
+	return &LeaseLostError{RunID: k.lease.RunID(), Cause: ErrTrustExpired, Fence: k.lease.fence, Err: cause}
 }
 
 func earliest(a, b time.Time) time.Time {

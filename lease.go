@@ -51,20 +51,14 @@ import (
 // Reading its state (Expiry, Fence, a keeper's Err) never waits for a write.
 type Lease struct {
 	store  Store
-	runID  string
 	key    string
 	holder string
 	fence  uint64 // fixed at acquisition
-	o      options
+	o      leaseOptions
 	// lineage stamps the rows of every Lease of this run and holder at
 	// this fence in this process, so that no two are equal (see
 	// lineage.go). Fixed at acquisition.
 	lineage *lineage
-
-	// token is held by the one write in flight, for its whole duration:
-	// a buffered channel rather than a mutex, so that waiting for it can
-	// end with the waiter's context.
-	token chan struct{}
 
 	// mu guards the fields below. It is a leaf lock: it is never held
 	// across store I/O, hooks, logging, or while taking another lock.
@@ -91,6 +85,17 @@ type Lease struct {
 	lost      error // sticky once the row is known to be someone else's
 	released  bool  // the row is released at this lease's fence
 	releasing bool  // Release was called: nothing but Release may write
+	// writing is the write token: held by the one write in flight, for its
+	// whole duration (lock, tryLock, unlock). A write that must wait for
+	// it waits on writeFree, made by the first such waiter and closed when
+	// the token is given back, so that its wait can end with its context;
+	// a lease nobody waits on never makes one.
+	writing bool
+	// optSet is the options given to the call that acquired the lease,
+	// whose values o keeps (see claimStart). Fixed at acquisition, not
+	// guarded by mu: it sits beside the flags above to share their word.
+	optSet    optionSet
+	writeFree chan struct{}
 	keepers   []*Keeper
 }
 
@@ -137,11 +142,10 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 	if err := checkName("holder", holder, maxHolderLen); err != nil {
 		return nil, err
 	}
-	l := &Lease{store: store, runID: runID, key: LeasePrefix + runID, holder: holder, o: o,
-		token: make(chan struct{}, 1)}
+	l := &Lease{store: store, key: LeasePrefix + runID, holder: holder, o: o.forLease(), optSet: o.set}
 	start := time.Now()
 	err := l.acquire(ctx, tryCreate, known)
-	if h := o.hooks.Acquired; h != nil {
+	if h := hooksOr(o.hooks).Acquired; h != nil {
 		h(AcquireEvent{RunID: runID, Holder: holder, Fence: l.fence, Latency: time.Since(start), Err: err})
 	}
 	if err != nil {
@@ -215,11 +219,11 @@ func (l *Lease) claimable(raw string) (leaseRow, error) {
 		return row, corruptRow(l.key, raw, err)
 	}
 	if row.live(l.o.nowMS()) && row.Holder != l.holder {
-		return row, &LeaseLostError{RunID: l.runID, Cause: ErrTakenOver, refused: true,
+		return row, &LeaseLostError{RunID: l.RunID(), Cause: ErrTakenOver, refused: true,
 			Holder: row.Holder, Fence: row.Fence, Until: row.until()}
 	}
 	if row.Fence == math.MaxUint64 {
-		return row, fmt.Errorf("%w: run %q is at fence %d", ErrFenceExhausted, l.runID, row.Fence)
+		return row, fmt.Errorf("%w: run %q is at fence %d", ErrFenceExhausted, l.RunID(), row.Fence)
 	}
 	return row, nil
 }
@@ -271,7 +275,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // RunID returns the run this lease is for.
-func (l *Lease) RunID() string { return l.runID }
+func (l *Lease) RunID() string { return l.key[len(LeasePrefix):] }
 
 // Holder returns the holder string the lease was acquired with.
 func (l *Lease) Holder() string { return l.holder }

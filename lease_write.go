@@ -73,7 +73,7 @@ func (l *Lease) Release(ctx context.Context) error {
 // errReleasing is what a lease being released answers to calls other than
 // Release.
 func (l *Lease) errReleasing() error {
-	return &LeaseLostError{RunID: l.runID, Cause: ErrReleased, Fence: l.fence}
+	return &LeaseLostError{RunID: l.RunID(), Cause: ErrReleased, Fence: l.fence}
 }
 
 func (l *Lease) isReleased() bool {
@@ -94,28 +94,50 @@ func (l *Lease) update(ctx context.Context, kind writeKind, extra *userBatch) er
 
 // lock takes the lease's write token, or returns when ctx ends.
 func (l *Lease) lock(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return l.ctxError(ctx, nil)
-	}
-	select {
-	case l.token <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return l.ctxError(ctx, nil)
+	for {
+		if err := ctx.Err(); err != nil {
+			return l.ctxError(ctx, nil)
+		}
+		l.mu.Lock()
+		if !l.writing {
+			l.writing = true
+			l.mu.Unlock()
+			return nil
+		}
+		if l.writeFree == nil {
+			l.writeFree = make(chan struct{})
+		}
+		free := l.writeFree
+		l.mu.Unlock()
+		select {
+		case <-free: // the token was given back: race for it again
+		case <-ctx.Done():
+			return l.ctxError(ctx, nil)
+		}
 	}
 }
 
 // tryLock takes the write token if no write is in flight.
 func (l *Lease) tryLock() bool {
-	select {
-	case l.token <- struct{}{}:
-		return true
-	default:
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.writing {
 		return false
 	}
+	l.writing = true
+	return true
 }
 
-func (l *Lease) unlock() { <-l.token }
+// unlock gives the write token back and wakes whoever waits for it.
+func (l *Lease) unlock() {
+	l.mu.Lock()
+	l.writing = false
+	if l.writeFree != nil {
+		close(l.writeFree)
+		l.writeFree = nil
+	}
+	l.mu.Unlock()
+}
 
 // ctxError is the error of a call whose context ended. A context that a
 // Keeper cancelled carries the keeper's reason as its cause, and that reason
@@ -202,7 +224,7 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBat
 			return ErrConditionFailed
 		}
 		if !found {
-			return l.lose(&LeaseLostError{RunID: l.runID, Cause: ErrRowChanged, Err: err})
+			return l.lose(&LeaseLostError{RunID: l.RunID(), Cause: ErrRowChanged, Err: err})
 		}
 		row, derr := decodeRow(cur)
 		switch {
@@ -215,7 +237,7 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBat
 		case derr == nil && row.Holder == "" && row.Fence == l.fence:
 			// Released at this lease's fence: by this lease (a release whose
 			// reply was lost) or by an operator. Releasing again succeeds.
-			released := &LeaseLostError{RunID: l.runID, Cause: ErrReleased, Fence: l.fence}
+			released := &LeaseLostError{RunID: l.RunID(), Cause: ErrReleased, Fence: l.fence}
 			if kind == kindWrite && err != nil {
 				released.Err = err // the batch may have landed before the release
 			}
@@ -225,7 +247,7 @@ func (l *Lease) updateLocked(ctx context.Context, kind writeKind, extra *userBat
 			}
 			return lost
 		}
-		lost := lostFrom(l.runID, row, derr)
+		lost := lostFrom(l.RunID(), row, derr)
 		if kind == kindWrite && err != nil {
 			// The batch may have landed before the successor's write: the
 			// caller's ops are in doubt, never "not written".
@@ -311,7 +333,7 @@ func (l *Lease) condWrite(ctx context.Context, kind writeKind, seen, next string
 // whose attempt started at start.
 func (l *Lease) confirm(kind writeKind, next string, untilMS int64, start time.Time) {
 	if kind == kindRelease {
-		l.lose(&LeaseLostError{RunID: l.runID, Cause: ErrReleased, Fence: l.fence}, next)
+		l.lose(&LeaseLostError{RunID: l.RunID(), Cause: ErrReleased, Fence: l.fence}, next)
 		return
 	}
 	l.mu.Lock()

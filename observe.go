@@ -90,7 +90,21 @@ type SlotLossEvent struct {
 // [Keeper] started on the lease reports renewals and losses (unless its own
 // options set other hooks).
 func WithHooks(h Hooks) Option {
-	return func(o *options) { o.hooks = h }
+	// One copy per option value, shared by every lease and keeper made
+	// with it: a process keeping many leases pays for a pointer each.
+	p := &h
+	return func(o *options) { o.hooks = p }
+}
+
+// noHooks stands for hooks never given.
+var noHooks Hooks
+
+// hooksOr returns *h, or no hooks when h is nil.
+func hooksOr(h *Hooks) *Hooks {
+	if h == nil {
+		return &noHooks
+	}
+	return h
 }
 
 // WithLogger sets the logger to which a [Keeper] reports renewal faults

@@ -97,9 +97,35 @@ type options struct {
 	interval, margin time.Duration
 	slots            *Slots
 	strictSlots      bool
-	hooks            Hooks
+	hooks            *Hooks // nil: none
 	logger           *slog.Logger
 }
+
+// leaseOptions is what a Lease keeps of the options it was acquired with:
+// what its own calls read, and what Keep and claims on it inherit. The
+// options only other calls take (a keeper's interval, a claim's rank) are
+// not kept, so that a process keeping many leases pays only for these.
+type leaseOptions struct {
+	ttl, uncertainty time.Duration
+	poll             time.Duration
+	now              func() time.Time
+	hooks            *Hooks
+	logger           *slog.Logger
+}
+
+func (o options) forLease() leaseOptions {
+	return leaseOptions{ttl: o.ttl, uncertainty: o.uncertainty, poll: o.poll,
+		now: o.now, hooks: o.hooks, logger: o.logger}
+}
+
+// options returns the options a call on the lease starts from; set is
+// the options given, which the Lease keeps beside lo.
+func (lo leaseOptions) options(set optionSet) options {
+	return options{set: set, ttl: lo.ttl, uncertainty: lo.uncertainty, poll: lo.poll,
+		now: lo.now, hooks: lo.hooks, logger: lo.logger}
+}
+
+func (lo leaseOptions) nowMS() int64 { return lo.now().UnixMilli() }
 
 // WithTTL sets how long the lease or slots stay held without renewal. The
 // default is [DefaultTTL]; values outside [MinTTL, MaxTTL] make the call fail

@@ -109,7 +109,7 @@ func (l *Lease) ClaimSlotsWait(ctx context.Context, scopes []Scope, opts ...Opti
 	if err != nil {
 		return nil, err
 	}
-	s := newSlots(l.store, l.runID, o)
+	s := newSlots(l.store, l.RunID(), o)
 	if _, ok := l.store.(Batcher); !ok {
 		return waitSlots(ctx, s, scopes, l.Fence(), batchCommit(l.store))
 	}
@@ -652,7 +652,7 @@ func (w *waiter) requeued(why string) {
 		w.s.o.logger.Warn("runlease: waiter lost its place in the queue and queues again at the back",
 			"run", w.s.runID, "scopes", w.me.Scopes, "waited", waited, "why", why)
 	}
-	if h := w.s.o.hooks.SlotsRequeued; h != nil {
+	if h := hooksOr(w.s.o.hooks).SlotsRequeued; h != nil {
 		h(RequeueEvent{RunID: w.s.runID, Scopes: w.me.Scopes, Waited: waited, Reason: why})
 	}
 }

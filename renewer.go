@@ -73,7 +73,7 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 	if lease == nil {
 		return nil, invalidArg("lease", "nil")
 	}
-	o := lease.o
+	o := lease.o.options(0)
 	o.set = 0
 	for _, opt := range opts {
 		if opt != nil {
@@ -86,13 +86,16 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 	if err := o.validateKeep(lease); err != nil {
 		return nil, err
 	}
-	k := &Keeper{r: r, lease: lease, slots: o.slots, strict: o.strictSlots, parent: ctx, index: -1,
+	k := &Keeper{r: r, lease: lease, parent: ctx, index: -1,
 		o: keepOptions{ttl: o.ttl, interval: o.interval, margin: o.margin, hooks: o.hooks, logger: o.logger}}
+	if o.slots != nil {
+		k.ks = &keptSlots{slots: o.slots, strict: o.strictSlots}
+	}
 	if err := lease.addKeeper(k); err != nil {
 		return nil, err
 	}
-	if k.strict {
-		k.slots.addStrict(k)
+	if k.strict() {
+		k.ks.slots.addStrict(k)
 	}
 	unwatch := func() bool { return false }
 	if ctx.Done() != nil { // a context that can end: stop with it
@@ -108,8 +111,8 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 	report, end := func() {}, func() {
 		unwatch()
 		lease.removeKeeper(k)
-		if k.strict {
-			k.slots.removeStrict(k)
+		if k.strict() {
+			k.ks.slots.removeStrict(k)
 		}
 	}
 	if k.err == nil { // not lost, nor ctx ended, already
@@ -243,16 +246,16 @@ func (r *Renewer) dueLocked(now time.Time) []func() {
 		} else {
 			next = earliest(next, due)
 		}
-		if k.slots != nil {
-			from, trustEnd, any := k.slots.keptState(now)
+		if k.ks != nil {
+			from, trustEnd, any := k.ks.slots.keptState(now)
 			due := from.Add(k.o.interval)
-			if !k.slotWait.at.IsZero() {
-				due = k.slotWait.at
+			if !k.ks.wait.at.IsZero() {
+				due = k.ks.wait.at
 			}
 			leaseNow := len(leaseDue) > 0 && leaseDue[len(leaseDue)-1] == k
 			switch {
 			case !any:
-			case k.slotJob != nil:
+			case k.ks.job != nil:
 				// In flight: look again when the slots' trust window
 				// ends (below), whether or not the store ever answers
 				// the renewal, so a strict keeper ends in time.
@@ -311,25 +314,25 @@ func (r *Renewer) lossLocked(k *Keeper, now time.Time) (error, func()) {
 	if !now.Before(k.trustEnd(st, now)) {
 		return k.trustExpired(), report
 	}
-	if k.slots == nil {
+	if k.ks == nil {
 		return nil, report
 	}
-	lost := k.slots.takeLosses(now)
+	lost := k.ks.slots.takeLosses(now)
 	if lost != nil {
 		report = func() {
-			k.o.logger.Warn("runlease: slots lost", "run", k.lease.runID, "keys", lost.Keys, "cause", lost.Cause)
-			if h := k.o.hooks.SlotsLost; h != nil {
-				h(SlotLossEvent{RunID: k.lease.runID, Err: lost})
+			k.o.logger.Warn("runlease: slots lost", "run", k.lease.RunID(), "keys", lost.Keys, "cause", lost.Cause)
+			if h := hooksOr(k.o.hooks).SlotsLost; h != nil {
+				h(SlotLossEvent{RunID: k.lease.RunID(), Err: lost})
 			}
 		}
 	}
-	if !k.strict {
+	if !k.ks.strict {
 		return nil, report
 	}
 	// Kept strictly, any slot of the claim given up ends the keeper: one
 	// just lost, and one whose loss was reported before this keeper
 	// started or to another caller (the run's own Slots.Renew).
-	if broken := k.slots.brokenErr(); broken != nil {
+	if broken := k.ks.slots.brokenErr(); broken != nil {
 		return broken, report
 	}
 	return nil, report
@@ -355,7 +358,7 @@ func (r *Renewer) endLocked(k *Keeper, err error) func() {
 		heap.Remove(&r.queue, k.index)
 		r.poke()
 	}
-	for _, j := range []*job{k.leaseJob, k.slotJob} {
+	for _, j := range []*job{k.leaseJob, k.slotJob()} {
 		r.detachLocked(j)
 	}
 	if k.cancel != nil {
@@ -372,15 +375,15 @@ func (r *Renewer) endLocked(k *Keeper, err error) func() {
 			unwatch()
 		}
 		k.lease.removeKeeper(k)
-		if k.strict {
-			k.slots.removeStrict(k)
+		if k.strict() {
+			k.ks.slots.removeStrict(k)
 		}
 		if !errors.Is(err, ErrLeaseLost) {
 			return
 		}
-		k.o.logger.Warn("runlease: lease lost; stop advancing the run", "run", k.lease.runID, "err", err)
-		if h := k.o.hooks.Lost; h != nil {
-			h(LossEvent{RunID: k.lease.runID, Fence: k.lease.fence, Err: err})
+		k.o.logger.Warn("runlease: lease lost; stop advancing the run", "run", k.lease.RunID(), "err", err)
+		if h := hooksOr(k.o.hooks).Lost; h != nil {
+			h(LossEvent{RunID: k.lease.RunID(), Fence: k.lease.fence, Err: err})
 		}
 	}
 }

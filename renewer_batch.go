@@ -63,7 +63,7 @@ func (r *Renewer) dispatchLocked(now time.Time, leaseDue, slotsDue, chained []*K
 		r.startLeaseLocked(k, now, slices.Contains(chained, k))
 	}
 	for _, k := range chained {
-		if k.slotJob == nil { // its lease went into a batch: renew the slots alone
+		if k.ks.job == nil { // its lease went into a batch: renew the slots alone
 			r.startSlotsLocked(k, now)
 		}
 	}
@@ -81,7 +81,7 @@ func (r *Renewer) startLeaseLocked(k *Keeper, now time.Time, slots bool) {
 	j := &job{cancel: cancel, done: make(chan struct{}), timeLeft: deadline.Sub(now)}
 	k.leaseJob = j
 	if slots {
-		k.slotJob = j
+		k.ks.job = j
 	}
 	r.jobs.Add(1)
 	go func() {
@@ -94,7 +94,7 @@ func (r *Renewer) startLeaseLocked(k *Keeper, now time.Time, slots bool) {
 		if err == nil {
 			err = k.lease.renewUnlessRenewed(ctx, st.trustFrom)
 			if slots && err == nil {
-				slotErr = k.slots.renewKept(ctx)
+				slotErr = k.ks.slots.renewKept(ctx)
 			}
 			<-r.sem
 		}
@@ -171,11 +171,11 @@ func (r *Renewer) finishLease(k *Keeper, j *job, start time.Time, err error) {
 	running := k.err == nil || errors.Is(err, ErrLeaseLost) && errors.Is(k.err, ErrLeaseLost)
 	r.mu.Unlock()
 	if running {
-		if h := k.o.hooks.Renewed; h != nil {
-			h(RenewEvent{RunID: k.lease.runID, Fence: k.lease.fence, Latency: time.Since(start), TimeLeft: j.timeLeft, Err: err})
+		if h := hooksOr(k.o.hooks).Renewed; h != nil {
+			h(RenewEvent{RunID: k.lease.RunID(), Fence: k.lease.fence, Latency: time.Since(start), TimeLeft: j.timeLeft, Err: err})
 		}
 		if err != nil && !errors.Is(err, ErrLeaseLost) {
-			k.o.logger.Debug("runlease: renewal failed; retrying", "run", k.lease.runID, "err", err)
+			k.o.logger.Debug("runlease: renewal failed; retrying", "run", k.lease.RunID(), "err", err)
 		}
 	}
 	r.mu.Lock()
@@ -203,10 +203,10 @@ func (r *Renewer) finishLease(k *Keeper, j *job, start time.Time, err error) {
 
 // startSlotsLocked starts renewing k's slots. r.mu is held.
 func (r *Renewer) startSlotsLocked(k *Keeper, now time.Time) {
-	_, trustEnd, _ := k.slots.keptState(now)
+	_, trustEnd, _ := k.ks.slots.keptState(now)
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(k.parent), trustEnd)
 	j := &job{cancel: cancel, done: make(chan struct{})}
-	k.slotJob = j
+	k.ks.job = j
 	r.jobs.Add(1)
 	go func() {
 		defer r.jobs.Done()
@@ -214,7 +214,7 @@ func (r *Renewer) startSlotsLocked(k *Keeper, now time.Time) {
 		defer cancel()
 		err := r.takeSem(ctx)
 		if err == nil {
-			err = k.slots.renewKept(ctx)
+			err = k.ks.slots.renewKept(ctx)
 			<-r.sem
 		}
 		r.finishSlots(k, j, err)
@@ -225,18 +225,18 @@ func (r *Renewer) startSlotsLocked(k *Keeper, now time.Time) {
 // a retry after a fault, the schedule after a success.
 func (r *Renewer) finishSlots(k *Keeper, j *job, err error) {
 	if err != nil {
-		k.o.logger.Debug("runlease: slot renewal failed; retrying", "run", k.lease.runID, "err", err)
+		k.o.logger.Debug("runlease: slot renewal failed; retrying", "run", k.lease.RunID(), "err", err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if k.slotJob == j {
-		k.slotJob = nil
+	if k.ks.job == j {
+		k.ks.job = nil
 	}
 	if k.err == nil {
 		if err != nil {
-			k.slotWait.after(time.Now(), k.o.interval)
+			k.ks.wait.after(time.Now(), k.o.interval)
 		} else {
-			k.slotWait = retry{}
+			k.ks.wait = retry{}
 		}
 		r.rescheduleLocked(k)
 	}

@@ -77,7 +77,7 @@ func (l *Lease) ClaimSlots(ctx context.Context, scopes []Scope, opts ...Option) 
 	if _, ok := l.store.(Batcher); ok && len(scopes) > 0 {
 		return l.claimFenced(ctx, scopes, o)
 	}
-	return claimSlots(ctx, l.store, l.runID, scopes, o)
+	return claimSlots(ctx, l.store, l.RunID(), scopes, o)
 }
 
 // claimStart returns the lease's options for a claim of slots, with those
@@ -93,7 +93,7 @@ func (l *Lease) claimStart(opts []Option, allowed optionSet, fn string) (options
 	if err := given.refuseOutside(allowed, fn); err != nil {
 		return options{}, err
 	}
-	o := l.o
+	o := l.o.options(l.optSet)
 	o.set = o.set&(optsClaim&^optsRank) | given.set
 	o.priority, o.principal, o.weight = given.priority, given.principal, given.weight
 	if given.set&optPoll != 0 {
@@ -131,7 +131,7 @@ func (l *Lease) claimFenced(ctx context.Context, scopes []Scope, o options) (*Sl
 	if n := claimUnits(scopes); n >= MaxBatch {
 		return nil, invalidArg("scopes", "%d units; a claim through a lease takes at most %d (its batch also writes the lease row)", n, MaxBatch-1)
 	}
-	s := newSlots(l.store, l.runID, o)
+	s := newSlots(l.store, l.RunID(), o)
 	for try := 0; ; try++ {
 		plans, err := s.planAll(ctx, scopes, nil)
 		if err != nil {
@@ -617,7 +617,7 @@ func (s *Slots) reportLimitMismatch(sc Scope, live, above int) {
 		s.o.logger.Warn("runlease: live slots at or above this host's limit; hosts disagree on the limit",
 			"scope", sc.name, "limit", sc.limit, "live", live, "above_limit", above)
 	}
-	if h := s.o.hooks.LimitMismatch; h != nil {
+	if h := hooksOr(s.o.hooks).LimitMismatch; h != nil {
 		h(LimitMismatchEvent{Scope: sc.name, Limit: sc.limit, Live: live, AboveLimit: above})
 	}
 }
