@@ -271,13 +271,7 @@ func TestKeeper(t *testing.T) {
 			pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("runlease-test", t.Name())))
 			before := labelledGoroutines(t.Name())
 			const n = 100
-			keepers := make([]*runlease.Keeper, n)
-			for i := range n {
-				l, err := runlease.Acquire(t.Context(), s, "r"+strconv.Itoa(i), "A", five)
-				require.NoError(t, err)
-				keepers[i], err = r.Keep(t.Context(), l)
-				require.NoError(t, err)
-			}
+			keepers := keepRuns(t, &r, s, n, 0)
 			synctest.Wait()
 			started := labelledGoroutines(t.Name()) - before
 			assert.Positive(t, started, "the renewer's loop is counted")
@@ -448,21 +442,13 @@ func labelledGoroutines(value string) int {
 // milliseconds apart still renew together.
 func TestRenewerPutsLeasesKeptAtDifferentMomentsInStep(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		five := runlease.WithTTL(5 * time.Second)
 		s := testkit.NewCountingBatcher(bubbleStore(t))
 		var r runlease.Renewer
 		defer r.Close()
 		// 40 leases acquired 10 ms apart: each comes due at its own
 		// moment unless the renewer puts due times on shared beats.
 		const n = 40
-		keepers := make([]*runlease.Keeper, n)
-		for i := range n {
-			l, err := runlease.Acquire(t.Context(), s, "r"+strconv.Itoa(i), "A", five)
-			require.NoError(t, err)
-			keepers[i], err = r.Keep(t.Context(), l)
-			require.NoError(t, err)
-			time.Sleep(10 * time.Millisecond)
-		}
+		keepers := keepRuns(t, &r, s, n, 10*time.Millisecond)
 		s.Reset()
 		time.Sleep(20 * time.Second) // 12 intervals of 5 s / 3
 		for _, k := range keepers {
@@ -472,4 +458,19 @@ func TestRenewerPutsLeasesKeptAtDifferentMomentsInStep(t *testing.T) {
 		assert.GreaterOrEqual(t, s.MultiWrites.Load(), int64(n*10), "nearly every renewal travels in a batch")
 		assert.LessOrEqual(t, calls, int64(12*4), "a few calls per interval, not one per lease (%d renewed alone)", s.CASes.Load())
 	})
+}
+
+// keepRuns acquires runs r0…r(n-1) for holder A with a 5 s TTL, gap apart,
+// and keeps each on r.
+func keepRuns(t *testing.T, r *runlease.Renewer, s runlease.Store, n int, gap time.Duration) []*runlease.Keeper {
+	t.Helper()
+	keepers := make([]*runlease.Keeper, n)
+	for i := range n {
+		l, err := runlease.Acquire(t.Context(), s, "r"+strconv.Itoa(i), "A", runlease.WithTTL(5*time.Second))
+		require.NoError(t, err)
+		keepers[i], err = r.Keep(t.Context(), l)
+		require.NoError(t, err)
+		time.Sleep(gap)
+	}
+	return keepers
 }
