@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -87,8 +88,9 @@ type pgStmt struct {
 // round trip of its own, and a statement the connection forgot it had is
 // prepared afresh. A call that finds a name missing (DEALLOCATE or DISCARD
 // by other code sharing the pool, or a proxy that moves sessions between
-// server connections) is answered with an ERROR, which rolled the whole
-// call back, so it goes out again with its statements prepared afresh;
+// server connections) or a plan gone stale (the table's row type altered)
+// is answered with an ERROR, which rolled the whole call back, so it goes
+// out again with its statements prepared afresh;
 // after pgMaxNameFaults of those the connection prepares nothing any more.
 func send(ctx context.Context, c *pgx.Conn, stmts ...pgStmt) ([]*pgconn.Result, error) {
 	ps := connStatements(c)
@@ -174,10 +176,22 @@ func pgStatementName(sql string) string {
 }
 
 // pgNameFault reports whether err says a prepared statement was missing
-// (26000) or its name already taken (42P05).
+// (26000), its name already taken (42P05), or its plan stale: the table's
+// row type changed under it (a column's collation altered, say), which the
+// server refuses with 0A000 rather than plan the statement again. Each is
+// an ERROR, so the call was rolled back, and preparing afresh mends it.
 func pgNameFault(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "42P05")
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "26000", "42P05":
+		return true
+	case "0A000":
+		return strings.Contains(pgErr.Message, "cached plan must not change result type")
+	}
+	return false
 }
 
 func sendPrepared(ctx context.Context, c *pgx.Conn, ps *pgConnStatements, stmts []pgStmt) ([]*pgconn.Result, error) {

@@ -823,3 +823,45 @@ func TestPostgresStatementsDroppedByOtherCode(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "v6", got)
 }
+
+// A table altered within the documented shape while a store runs on it (here
+// value's collation) changes the row type of the statements the store has
+// prepared; the server then refuses them as stale plans. The store prepares
+// them afresh, so the calls on the connections that prepared them keep
+// working.
+func TestPostgresStatementsPreparedBeforeATableChange(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s, table := pgStoreAndTable(t, pool)
+	ctx := t.Context()
+
+	l, err := runlease.Acquire(ctx, s, "run1", "A", runlease.WithTTL(5*time.Second))
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	_, _, err = s.MetaGet(ctx, runlease.LeasePrefix+"run1")
+	require.NoError(t, err)
+	_, err = s.MetaScan(ctx, runlease.LeasePrefix)
+	require.NoError(t, err)
+
+	_, err = pool.Exec(ctx, "ALTER TABLE "+pgtest.Ident(table)+` ALTER COLUMN value TYPE text COLLATE "C"`, pgx.QueryExecModeExec)
+	require.NoError(t, err)
+	other, err := runlease.NewPostgres(ctx, pool, runlease.WithTable(table), runlease.WithCreateTable(false))
+	require.NoError(t, err, "the altered table still fits the store")
+	other.Close()
+
+	_, found, err := s.MetaGet(ctx, runlease.LeasePrefix+"run1")
+	require.NoError(t, err)
+	assert.True(t, found)
+	rows, err := s.MetaScan(ctx, runlease.LeasePrefix)
+	require.NoError(t, err)
+	assert.Len(t, rows, 1)
+	l2, err := runlease.Acquire(ctx, s, "run1", "B", runlease.WithTTL(5*time.Second))
+	require.NoError(t, err, "acquiring the released run reads its row")
+	assert.Equal(t, l.Fence()+1, l2.Fence())
+	require.NoError(t, l2.Release(ctx))
+}

@@ -192,6 +192,14 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestAProcesssWaitersRenewTheirEntriesTogether"},
 	},
 	{
+		Name:   "stale-plan-not-prepared-afresh",
+		File:   "store_postgres_pin.go",
+		Old:    `return strings.Contains(pgErr.Message, "cached plan must not change result type")`,
+		New:    `return false`,
+		Breaks: "A Postgres connection whose prepared statements' row type changed (the table's value column altered within the documented shape) fails every later call with 0A000 until the pool retires it.",
+		Pkg:    ".", Tests: []string{"TestPostgresStatementsPreparedBeforeATableChange"},
+	},
+	{
 		Name:   "renewals-off-beat",
 		File:   "renewer.go",
 		Old:    "return onBeat(st.trustFrom.Add(k.o.interval), k.o.interval)",
