@@ -161,7 +161,7 @@ var catalog = []mutation{
 	{
 		Name:   "strict-slot-loss-ignored",
 		File:   "renewer.go",
-		Old:    "if broken := k.slots.brokenErr(); broken != nil {\n\t\treturn broken, report\n\t}\n",
+		Old:    "if broken := k.ks.slots.brokenErr(); broken != nil {\n\t\treturn broken, report\n\t}\n",
 		New:    "",
 		Breaks: "A slot kept with KeepSlotsStrict is lost without ending the keeper (lost under it, before Keep, or reported to the run's own Renew).",
 		// A test waiting for the keeper to end then waits forever.
@@ -179,7 +179,7 @@ var catalog = []mutation{
 		Name:   "strict-keeper-unseen-while-slot-renewal-hangs",
 		File:   "renewer.go",
 		Old:    "\t\t\tif any {\n\t\t\t\tnext = earliest(next, trustEnd)\n\t\t\t}\n",
-		New:    "\t\t\tif any && k.slotJob == nil {\n\t\t\t\tnext = earliest(next, trustEnd)\n\t\t\t}\n",
+		New:    "\t\t\tif any && k.ks.job == nil {\n\t\t\t\tnext = earliest(next, trustEnd)\n\t\t\t}\n",
 		Breaks: "A keeper whose slot renewal hangs in a store that ignores its context is not looked at when its slots' trust ends, so a strict keeper's work goes on after its slot expired.",
 		Pkg:    ".", Tests: with(sims, "TestAStrictKeeperEndsWhenItsSlotsTrustEndsWhileASlotRenewalHangs"), Env: simEnv,
 	},
@@ -284,7 +284,7 @@ var catalog = []mutation{
 		Name:   "batch-miss-is-loss",
 		File:   "renewer_batch.go",
 		Old:    "errs[i] = l.updateLocked(ctx, kindRenew, nil)",
-		New:    "errs[i] = l.lose(&LeaseLostError{RunID: l.runID, Cause: ErrRowChanged})",
+		New:    "errs[i] = l.lose(&LeaseLostError{RunID: l.RunID(), Cause: ErrRowChanged})",
 		Breaks: "A lease whose write in a batched renewal did not apply is reported lost without reading its row back.",
 		Pkg:    ".", Tests: coreTests, Env: simEnv,
 	},
