@@ -40,7 +40,7 @@ func (s *slowSlotStore) MetaCAS(ctx context.Context, key string, expected *strin
 // cancelled with it, before any other run can take the slot by expiry", and
 // CONCURRENCY.md that the loop wakes at the trust deadline "whatever
 // renewals are in flight". While a slot renewal is in flight, dueLocked
-// (renewer.go, `if k.slots != nil && k.slotJob == nil`) no longer bounds the
+// (renewer.go, `if k.ks != nil && k.ks.job == nil`) no longer bounds the
 // keeper's next look by the slots' trust end: only the lease's schedule
 // wakes it. Here the lease (renewed after the claim) keeps renewing fine,
 // the slot renewal hangs: the slot's row expires, run b takes the slot, and
