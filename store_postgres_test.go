@@ -776,12 +776,7 @@ func readUntilAnswered(ctx context.Context, s runlease.Store, key string) (strin
 // happening stops preparing.
 func TestPostgresStatementsDroppedByOtherCode(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := oneConnPool(t)
 	s := pgStore(t, pool)
 	prepared := func(like string) []string {
 		rows, err := pool.Query(t.Context(), "SELECT name FROM pg_prepared_statements WHERE statement LIKE $1", pgx.QueryExecModeExec, like)
@@ -831,12 +826,7 @@ func TestPostgresStatementsDroppedByOtherCode(t *testing.T) {
 // working.
 func TestPostgresStatementsPreparedBeforeATableChange(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := oneConnPool(t)
 	s, table := pgStoreAndTable(t, pool)
 	ctx := t.Context()
 
@@ -864,4 +854,17 @@ func TestPostgresStatementsPreparedBeforeATableChange(t *testing.T) {
 	require.NoError(t, err, "acquiring the released run reads its row")
 	assert.Equal(t, l.Fence()+1, l2.Fence())
 	require.NoError(t, l2.Release(ctx))
+}
+
+// oneConnPool returns a pool of one connection, so that every call of a
+// store on it uses the connection the one before used; closed when t ends.
+func oneConnPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
