@@ -117,7 +117,10 @@ type Lease struct {
 // When it cannot (the read fails too, or the write has not landed yet),
 // the fault it returns is one of unknown outcome: the run may be held in
 // the holder's name until that row expires, at a fence above the holder's
-// other Leases of the run, which then no longer renew.
+// other Leases of the run, which then no longer renew. When the fault came
+// from the end of ctx, Acquire first releases the row it may have written
+// (spending at most half a second past ctx's end): if that release lands,
+// the fault returned is one that changed nothing.
 //
 // Acquire takes the options [WithTTL], [WithClock], [WithHooks] and
 // [WithLogger]; the hooks and the logger also serve a [Keeper] of the lease.
@@ -249,9 +252,10 @@ func (l *Lease) tryAcquire(ctx context.Context, expected *string, fence uint64) 
 		raw, found, rerr := l.store.MetaGet(ctx, l.key)
 		switch {
 		case rerr != nil:
-			return nil, false, err
+			return nil, false, l.takeBack(ctx, err, fence, lin, row, untilMS)
 		case !found && expected == nil, found && expected != nil && raw == *expected:
-			return nil, false, err // not applied, or not yet
+			// Not applied, or not yet.
+			return nil, false, l.takeBack(ctx, err, fence, lin, row, untilMS)
 		case !found:
 			return nil, false, nil
 		case raw != row:
@@ -260,6 +264,31 @@ func (l *Lease) tryAcquire(ctx context.Context, expected *string, fence uint64) 
 	}
 	l.fence, l.lineage, l.seen, l.untilMS, l.sentMS, l.trustFrom = fence, lin, row, untilMS, untilMS, start
 	return nil, true, nil
+}
+
+// takeBackTimeout bounds how long an acquisition cut short by the end of
+// its context spends releasing the row it may have written.
+const takeBackTimeout = 500 * time.Millisecond
+
+// takeBack is what an acquisition returns when its write of row, at fence,
+// met fault, a fault of unknown outcome, and the read-back could not tell
+// whether it landed. While ctx is live that is fault: the caller learns the
+// run may be held in its name. When ctx has ended, the caller has gone and
+// will not use a lease it never received, so the write is released here if
+// it landed (within takeBackTimeout, with ctx's values), and the run is not
+// left blocked for a TTL: the fault is then one that changed nothing. A
+// write that lands after the release was tried stays unknown.
+func (l *Lease) takeBack(ctx context.Context, fault error, fence uint64, lin *lineage, row string, untilMS int64) error {
+	if ctx.Err() == nil {
+		return fault
+	}
+	l.fence, l.lineage, l.seen, l.untilMS, l.sentMS = fence, lin, row, untilMS, untilMS
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), takeBackTimeout)
+	defer cancel()
+	if l.Release(cctx) != nil {
+		return fault
+	}
+	return &StorageError{Op: "MetaCAS", Key: l.key, Err: ctx.Err()}
 }
 
 // sleepCtx waits for d or the end of ctx, whose error it returns.

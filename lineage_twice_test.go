@@ -3,6 +3,7 @@ package runlease_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sort"
 	"strconv"
@@ -219,14 +220,14 @@ func TestTwiceUnknownAcquisitionMatchesOneSentinel(t *testing.T) {
 	})
 }
 
-// TestTwiceAcquireWaitContextEndAfterLandedWriteIsBareCtxErr: as
-// documented, AcquireWait returns ctx.Err() itself when its context
-// ends, even when the acquisition's error was an unknown outcome after a
-// write that landed, so IsOutcomeUnknown is false while the row stored is
-// the one it wrote, at a fence above the driver's first Lease.
-// AcquireWait's doc says a context's end may leave such a row; the driver
-// must treat ctx.Err() from AcquireWait as an unknown outcome.
-func TestTwiceAcquireWaitContextEndAfterLandedWriteIsBareCtxErr(t *testing.T) {
+// TestTwiceAcquireWaitContextEndReleasesALandedWrite: AcquireWait returns
+// ctx.Err() itself when its context ends, even when its acquisition's
+// write landed with its reply lost and the read-back failed as the context
+// ended. The caller never receives that lease, so the write is released
+// before AcquireWait returns: the run is not blocked for a TTL in the
+// holder's name. The row keeps the fence the write took, so fences never
+// go backwards, and the driver's first Lease no longer renews.
+func TestTwiceAcquireWaitContextEndReleasesALandedWrite(t *testing.T) {
 	t.Parallel()
 	f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
 	opts := []runlease.Option{runlease.WithClock(clk.Now)}
@@ -239,7 +240,46 @@ func TestTwiceAcquireWaitContextEndAfterLandedWriteIsBareCtxErr(t *testing.T) {
 		testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS"), Then: func() { f.FailReads(1); cancel() }})
 	_, err = runlease.AcquireWait(ctx, f, "r1", "A", opts...)
 	require.Equal(t, context.Canceled, err)
-	require.False(t, runlease.IsOutcomeUnknown(err))
-	require.Contains(t, get(t, f, "runlease:r1"), `"fence":2`, "the row AcquireWait's acquisition wrote is stored")
-	require.ErrorIs(t, first.Renew(t.Context()), runlease.ErrTakenOver)
+	require.JSONEq(t, `{"holder":"","fence":2,"until_ms":`+strconv.FormatInt(epoch.UnixMilli(), 10)+`}`,
+		get(t, f, "runlease:r1"), "the row AcquireWait's acquisition wrote is released at its fence")
+	require.ErrorIs(t, first.Renew(t.Context()), runlease.ErrLeaseLost)
+	l, err := runlease.Acquire(t.Context(), f, "r1", "B", opts...)
+	require.NoError(t, err, "another holder takes the run at once")
+	require.Equal(t, uint64(3), l.Fence())
+}
+
+// TestAcquireCutShortByItsContextReleasesWhatItWrote: Acquire's write
+// lands with its reply lost, and the read-back fails because the context
+// ended. Acquire releases the row it wrote and returns a fault that changed
+// nothing; when that release fails too, the fault stays one of unknown
+// outcome, as documented, and the row is the holder's until it expires.
+func TestAcquireCutShortByItsContextReleasesWhatItWrote(t *testing.T) {
+	t.Parallel()
+	for _, releaseFails := range []bool{false, true} {
+		t.Run(fmt.Sprintf("release_fails=%v", releaseFails), func(t *testing.T) {
+			t.Parallel()
+			f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS"), Then: func() {
+				f.FailReads(1)
+				if releaseFails {
+					f.FailWrites(testkit.Prefix(runlease.LeasePrefix))
+				}
+				cancel()
+			}})
+			l, err := runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now))
+			require.Nil(t, l)
+			require.ErrorIs(t, err, runlease.ErrStorage)
+			require.Equal(t, releaseFails, runlease.IsOutcomeUnknown(err), "%v", err)
+			row := get(t, f, "runlease:r1")
+			if releaseFails {
+				require.Contains(t, row, `"holder":"A"`, "the row written stays until it expires")
+				return
+			}
+			require.ErrorIs(t, err, context.Canceled, "a fault that changed nothing, for the context's end")
+			require.Contains(t, row, `"holder":""`, "the row written is released")
+			require.Contains(t, row, `"fence":1`)
+		})
+	}
 }

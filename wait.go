@@ -62,9 +62,11 @@ func WithWaitPoll(d time.Duration) Option {
 // It returns the lease, or the first error other than a live lease held
 // elsewhere, or — when ctx ends first, even during a store call — ctx's
 // error itself (not a library error). An acquisition whose outcome the end
-// of ctx left unknown may have written a row for holder: it expires after
-// the TTL, and AcquireWait or Acquire by the same holder re-enters it. It
-// takes the options of Acquire, and WithWaitPoll.
+// of ctx left unknown is released as Acquire describes; only a write that
+// lands after that release was tried, or one the store would not let it
+// release, stays in holder's name: it expires after the TTL, and
+// AcquireWait or Acquire by the same holder re-enters it. It takes the
+// options of Acquire, and WithWaitPoll.
 func AcquireWait(ctx context.Context, store Store, runID, holder string, opts ...Option) (*Lease, error) {
 	o, err := buildOptions(store, opts, optsWait, "AcquireWait")
 	if err != nil {

@@ -208,6 +208,14 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestRenewerPutsLeasesKeptAtDifferentMomentsInStep"},
 	},
 	{
+		Name:   "acquire-cut-short-keeps-its-row",
+		File:   "lease.go",
+		Old:    "	if ctx.Err() == nil {\n		return fault\n	}\n	l.fence, l.lineage",
+		New:    "	if true {\n		return fault\n	}\n	l.fence, l.lineage",
+		Breaks: "An acquisition whose context ends while its write's outcome is unknown leaves the row it wrote: the run stays blocked in the holder's name for a TTL though the caller never received the lease.",
+		Pkg:    ".", Tests: []string{"TestTwiceAcquireWaitContextEndReleasesALandedWrite", "TestAcquireCutShortByItsContextReleasesWhatItWrote"},
+	},
+	{
 		Name:   "expiry-reads-not-shared",
 		File:   "queue_room.go",
 		Old:    "if r.expiryTick != 0 && r.expiryMS >= atMS {",

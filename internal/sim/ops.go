@@ -13,6 +13,11 @@ import (
 const (
 	callTimeout = 2 * time.Second       // the context of most operations
 	promptly    = 50 * time.Millisecond // how long Stop, Close and Keep may take, in fake time
+	// takeBack is the bound the library states on what an acquisition
+	// whose context ended spends releasing a write it may have landed
+	// (Acquire's doc): an acquiring call returns within its context's end
+	// plus this.
+	takeBack = 500 * time.Millisecond
 )
 
 // structural operations change what an actor holds, so they run alone.
@@ -210,7 +215,7 @@ func (w *World) begin(a *actor, kind string) {
 	switch kind {
 	case "acquire":
 		run := fmt.Sprintf("r%d", w.rng.IntN(w.mode.Runs))
-		w.launch(a, "Acquire "+run, callTimeout+promptly, func(ctx context.Context, o *op) error {
+		w.launch(a, "Acquire "+run, callTimeout+takeBack+promptly, func(ctx context.Context, o *op) error {
 			ctx, cancel := context.WithTimeout(ctx, callTimeout)
 			defer cancel()
 			start := time.Now()
@@ -223,13 +228,13 @@ func (w *World) begin(a *actor, kind string) {
 		})
 	case "acquire-twice":
 		run := fmt.Sprintf("r%d", w.rng.IntN(w.mode.Runs))
-		w.launch(a, "Acquire "+run+" twice at once", callTimeout+promptly, func(ctx context.Context, o *op) error {
+		w.launch(a, "Acquire "+run+" twice at once", callTimeout+takeBack+promptly, func(ctx context.Context, o *op) error {
 			return w.acquireTwice(ctx, o, a, run)
 		})
 	case "acquire-wait":
 		run := fmt.Sprintf("r%d", w.rng.IntN(w.mode.Runs))
 		d := []time.Duration{300 * time.Millisecond, time.Second, 3 * time.Second, 8 * time.Second}[w.rng.IntN(4)]
-		w.launch(a, fmt.Sprintf("AcquireWait %s within %v", run, d), d+promptly, func(ctx context.Context, o *op) error {
+		w.launch(a, fmt.Sprintf("AcquireWait %s within %v", run, d), d+takeBack+promptly, func(ctx context.Context, o *op) error {
 			ctx, cancel := context.WithTimeout(ctx, d)
 			defer cancel()
 			l, err := w.api.AcquireWait(ctx, w.lib(), run, a.holder, ttl, time.Second)
@@ -302,7 +307,7 @@ func (w *World) begin(a *actor, kind string) {
 		// The same holder acquires the run it holds again: it is granted
 		// the run at a higher fence, and the Lease it had is replaced, its
 		// renewals and fenced writes to be refused from then on.
-		w.launch(a, "Acquire "+run+" again (re-entry)", callTimeout+promptly, func(ctx context.Context, o *op) error {
+		w.launch(a, "Acquire "+run+" again (re-entry)", callTimeout+takeBack+promptly, func(ctx context.Context, o *op) error {
 			ctx, cancel := context.WithTimeout(ctx, callTimeout)
 			defer cancel()
 			w.mu.Lock()
