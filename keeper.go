@@ -99,8 +99,8 @@ type Keeper struct {
 	cancel    context.CancelCauseFunc
 	done      chan struct{} // nil until Done is called, or the keeper ends
 	unwatch   func() bool   // stops watching the parent context
-	index     int           // position in r.queue; -1 when not queued
-	next      time.Time     // when the loop must next look at this keeper
+	bucket    *bucket       // where r.queue holds it, by when the loop must next look at it; nil when not queued
+	index     int           // its position in bucket; -1 when not queued
 	leaseJob  *job          // the lease renewal in flight, if any
 	leaseWait retry
 	lastErr   error // the last renewal fault, for ErrTrustExpired

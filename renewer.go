@@ -1,7 +1,6 @@
 package runlease
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"sync"
@@ -25,7 +24,7 @@ type Renewer struct {
 	// is never held across store I/O, hooks or logging; while holding it,
 	// the loop may take a Lease's or Slots' leaf lock to read its state.
 	mu       sync.Mutex
-	queue    keeperQueue
+	queue    schedule
 	wake     chan struct{}
 	loopDone chan struct{} // closed when the running loop exits; nil when none runs
 	batches  map[*batchJob]struct{}
@@ -127,8 +126,7 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 			end = r.endLocked(k, reason)
 		} else {
 			end = func() {}
-			k.next = now // the loop looks at it at once: a renewal may be due
-			r.push(k)
+			r.push(k) // the loop looks at it at once: a renewal may be due
 		}
 	}
 	r.mu.Unlock()
@@ -142,7 +140,7 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 // not released. The Renewer may be used again afterwards.
 func (r *Renewer) Close() {
 	r.mu.Lock()
-	keepers := append([]*Keeper(nil), r.queue...)
+	keepers := r.queue.all()
 	r.mu.Unlock()
 	for _, k := range keepers {
 		r.end(k, ErrKeeperStopped)
@@ -156,9 +154,10 @@ func (r *Renewer) Close() {
 	r.waitIdle()
 }
 
-// push queues k and makes sure the loop runs and sees it. r.mu is held.
+// push queues k to be looked at at once, and makes sure the loop runs and
+// sees it. r.mu is held.
 func (r *Renewer) push(k *Keeper) {
-	heap.Push(&r.queue, k)
+	r.queue.addSoon(k)
 	if r.loopDone == nil {
 		r.wake = make(chan struct{}, 1)
 		r.loopDone = make(chan struct{})
@@ -181,7 +180,7 @@ func (r *Renewer) poke() {
 func (r *Renewer) waitIdle() {
 	r.mu.Lock()
 	done := r.loopDone
-	idle := len(r.queue) == 0
+	idle := r.queue.len() == 0
 	r.mu.Unlock()
 	if idle && done != nil {
 		<-done
@@ -199,13 +198,14 @@ func (r *Renewer) loop(wake <-chan struct{}, done chan struct{}) {
 	defer timer.Stop()
 	for {
 		r.mu.Lock()
-		if len(r.queue) == 0 {
+		first, ok := r.queue.first()
+		if !ok {
 			r.loopDone = nil
 			r.mu.Unlock()
 			return
 		}
 		now := time.Now()
-		if wait := r.queue[0].next.Sub(now); wait > 0 {
+		if wait := first.Sub(now); wait > 0 && !first.IsZero() {
 			r.mu.Unlock()
 			timer.Reset(wait)
 			select {
@@ -228,55 +228,72 @@ func (r *Renewer) loop(wake <-chan struct{}, done chan struct{}) {
 // and loggers never run under the lock.
 func (r *Renewer) dueLocked(now time.Time) []func() {
 	var reports []func()
-	var leaseDue, slotsDue, chained []*Keeper
-	for len(r.queue) > 0 && !r.queue[0].next.After(now) {
-		k := r.queue[0]
-		reason, report := r.lossLocked(k, now)
-		reports = append(reports, report)
-		if reason != nil {
-			reports = append(reports, r.endLocked(k, reason))
-			continue
-		}
-		st := k.lease.state()
-		next := k.trustEnd(st, now)
-		if due := k.leaseDueAt(st); k.leaseJob != nil {
-			// in flight: look again when the trust window ends
-		} else if !now.Before(due) {
-			leaseDue = append(leaseDue, k)
-		} else {
-			next = earliest(next, due)
-		}
-		if k.ks != nil {
-			from, trustEnd, any := k.ks.slots.keptState(now)
-			due := from.Add(k.o.interval)
-			if !k.ks.wait.at.IsZero() {
-				due = k.ks.wait.at
-			}
-			leaseNow := len(leaseDue) > 0 && leaseDue[len(leaseDue)-1] == k
-			switch {
-			case !any:
-			case k.ks.job != nil:
-				// In flight: look again when the slots' trust window
-				// ends (below), whether or not the store ever answers
-				// the renewal, so a strict keeper ends in time.
-			case leaseNow:
-				// Renew the slots right after the lease, in the same
-				// job, so that they stay in step with it.
-				chained = append(chained, k)
-			case !now.Before(due):
-				slotsDue = append(slotsDue, k)
-			default:
-				next = earliest(next, earliest(due, trustEnd))
-			}
-			if any {
-				next = earliest(next, trustEnd)
+	var d dueRenewals
+	for due := r.queue.takeDue(now); due != nil; due = r.queue.takeDue(now) {
+		for _, k := range due {
+			report, end := r.lookLocked(k, now, &d)
+			reports = append(reports, report)
+			if end != nil {
+				reports = append(reports, end)
 			}
 		}
-		k.next = next
-		heap.Fix(&r.queue, 0)
 	}
-	r.dispatchLocked(now, leaseDue, slotsDue, chained)
+	r.dispatchLocked(now, d.lease, d.slots, d.chained)
 	return reports
+}
+
+// dueRenewals are the renewals one pass of the loop found due: leases,
+// slots alone, and slots to renew right after their lease (chained).
+type dueRenewals struct {
+	lease, slots, chained []*Keeper
+}
+
+// lookLocked handles k, which is due and out of the queue: it ends k when
+// its lease is lost or its trust window ran out, and otherwise adds the
+// renewals due to d and queues k again for its next look. It returns what
+// must run after unlocking: report, and end when k ended. r.mu is held.
+func (r *Renewer) lookLocked(k *Keeper, now time.Time, d *dueRenewals) (report, end func()) {
+	reason, report := r.lossLocked(k, now)
+	if reason != nil {
+		return report, r.endLocked(k, reason)
+	}
+	st := k.lease.state()
+	next := k.trustEnd(st, now)
+	leaseNow := false
+	if due := k.leaseDueAt(st); k.leaseJob != nil {
+		// in flight: look again when the trust window ends
+	} else if !now.Before(due) {
+		d.lease, leaseNow = append(d.lease, k), true
+	} else {
+		next = earliest(next, due)
+	}
+	if k.ks != nil {
+		from, trustEnd, any := k.ks.slots.keptState(now)
+		due := from.Add(k.o.interval)
+		if !k.ks.wait.at.IsZero() {
+			due = k.ks.wait.at
+		}
+		switch {
+		case !any:
+		case k.ks.job != nil:
+			// In flight: look again when the slots' trust window ends
+			// (below), whether or not the store ever answers the
+			// renewal, so a strict keeper ends in time.
+		case leaseNow:
+			// Renew the slots right after the lease, in the same job,
+			// so that they stay in step with it.
+			d.chained = append(d.chained, k)
+		case !now.Before(due):
+			d.slots = append(d.slots, k)
+		default:
+			next = earliest(next, earliest(due, trustEnd))
+		}
+		if any {
+			next = earliest(next, trustEnd)
+		}
+	}
+	r.queue.add(k, next)
+	return report, nil
 }
 
 // leaseDueAt returns when the lease in state st is next due for renewal.
@@ -354,8 +371,8 @@ func (r *Renewer) endLocked(k *Keeper, err error) func() {
 		return func() {}
 	}
 	k.err = err
-	if k.index >= 0 {
-		heap.Remove(&r.queue, k.index)
+	if k.bucket != nil {
+		r.queue.remove(k)
 		r.poke()
 	}
 	for _, j := range []*job{k.leaseJob, k.slotJob()} {
@@ -401,27 +418,4 @@ func (r *Renewer) detachLocked(j *job) {
 			j.batch.cancel()
 		}
 	}
-}
-
-// keeperQueue is a min-heap of keepers by next.
-type keeperQueue []*Keeper
-
-func (q keeperQueue) Len() int           { return len(q) }
-func (q keeperQueue) Less(i, j int) bool { return q[i].next.Before(q[j].next) }
-func (q keeperQueue) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].index, q[j].index = i, j
-}
-func (q *keeperQueue) Push(x any) {
-	k := x.(*Keeper)
-	k.index = len(*q)
-	*q = append(*q, k)
-}
-func (q *keeperQueue) Pop() any {
-	old := *q
-	k := old[len(old)-1]
-	old[len(old)-1] = nil
-	k.index = -1
-	*q = old[:len(old)-1]
-	return k
 }

@@ -1,7 +1,6 @@
 package runlease
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"slices"
@@ -244,11 +243,10 @@ func (r *Renewer) finishSlots(k *Keeper, j *job, err error) {
 
 // rescheduleLocked makes the loop look at k at once. r.mu is held.
 func (r *Renewer) rescheduleLocked(k *Keeper) {
-	if k.index < 0 {
+	if k.bucket == nil {
 		return
 	}
-	k.next = time.Now()
-	heap.Fix(&r.queue, k.index)
+	r.queue.moveSoon(k)
 	r.poke()
 }
 

@@ -178,8 +178,8 @@ var catalog = []mutation{
 	{
 		Name:   "strict-keeper-unseen-while-slot-renewal-hangs",
 		File:   "renewer.go",
-		Old:    "\t\t\tif any {\n\t\t\t\tnext = earliest(next, trustEnd)\n\t\t\t}\n",
-		New:    "\t\t\tif any && k.ks.job == nil {\n\t\t\t\tnext = earliest(next, trustEnd)\n\t\t\t}\n",
+		Old:    "\t\tif any {\n\t\t\tnext = earliest(next, trustEnd)\n\t\t}\n",
+		New:    "\t\tif any && k.ks.job == nil {\n\t\t\tnext = earliest(next, trustEnd)\n\t\t}\n",
 		Breaks: "A keeper whose slot renewal hangs in a store that ignores its context is not looked at when its slots' trust ends, so a strict keeper's work goes on after its slot expired.",
 		Pkg:    ".", Tests: with(sims, "TestAStrictKeeperEndsWhenItsSlotsTrustEndsWhileASlotRenewalHangs"), Env: simEnv,
 	},
