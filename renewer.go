@@ -238,14 +238,22 @@ func (r *Renewer) dueLocked(now time.Time) []func() {
 			}
 		}
 	}
-	r.dispatchLocked(now, d.lease, d.slots, d.chained)
+	r.dispatchLocked(now, &d)
 	return reports
 }
 
 // dueRenewals are the renewals one pass of the loop found due: leases,
 // slots alone, and slots to renew right after their lease (chained).
 type dueRenewals struct {
-	lease, slots, chained []*Keeper
+	lease          []dueLease
+	slots, chained []*Keeper
+}
+
+// dueLease is a lease renewal found due, with the end of its keeper's trust
+// window as the look found it, which bounds the renewal.
+type dueLease struct {
+	k        *Keeper
+	trustEnd time.Time
 }
 
 // lookLocked handles k, which is due and out of the queue: it ends k when
@@ -253,17 +261,17 @@ type dueRenewals struct {
 // renewals due to d and queues k again for its next look. It returns what
 // must run after unlocking: report, and end when k ended. r.mu is held.
 func (r *Renewer) lookLocked(k *Keeper, now time.Time, d *dueRenewals) (report, end func()) {
-	reason, report := r.lossLocked(k, now)
+	st := k.lease.state()
+	next := k.trustEnd(st, now)
+	reason, report := r.lossInLocked(k, now, st, next)
 	if reason != nil {
 		return report, r.endLocked(k, reason)
 	}
-	st := k.lease.state()
-	next := k.trustEnd(st, now)
 	leaseNow := false
 	if due := k.leaseDueAt(st); k.leaseJob != nil {
 		// in flight: look again when the trust window ends
 	} else if !now.Before(due) {
-		d.lease, leaseNow = append(d.lease, k), true
+		d.lease, leaseNow = append(d.lease, dueLease{k, next}), true
 	} else {
 		next = earliest(next, due)
 	}
@@ -323,12 +331,18 @@ func onBeat(due time.Time, interval time.Duration) time.Time {
 // trust window run out, or, kept strictly, a slot lost. Slot losses are
 // reported by the returned func, which runs after unlocking. r.mu is held.
 func (r *Renewer) lossLocked(k *Keeper, now time.Time) (error, func()) {
-	report := func() {}
 	st := k.lease.state()
+	return r.lossInLocked(k, now, st, k.trustEnd(st, now))
+}
+
+// lossInLocked is lossLocked given the state of k's lease, st, and the
+// end of its trust window, trustEnd. r.mu is held.
+func (r *Renewer) lossInLocked(k *Keeper, now time.Time, st leaseState, trustEnd time.Time) (error, func()) {
+	report := func() {}
 	if st.lost != nil {
 		return st.lost, report
 	}
-	if !now.Before(k.trustEnd(st, now)) {
+	if !now.Before(trustEnd) {
 		return k.trustExpired(), report
 	}
 	if k.ks == nil {

@@ -17,31 +17,34 @@ const maxRenewBatch = 512
 // with a write in flight (a fenced Write, say) renews alone, on a goroutine
 // that waits for the token, so no batch ever waits for a token while
 // holding another. r.mu is held.
-func (r *Renewer) dispatchLocked(now time.Time, leaseDue, slotsDue, chained []*Keeper) {
+func (r *Renewer) dispatchLocked(now time.Time, d *dueRenewals) {
 	if r.sem == nil {
 		r.sem = make(chan struct{}, maxInFlight)
 		r.batches = map[*batchJob]struct{}{}
 	}
 	var singles []*Keeper
 	var stores []Store
-	groups := map[Store][]*Keeper{}
+	groups := map[Store][]dueLease{}
 	// A batch writes each key once (MultiCASer refuses two writes of one
 	// key): a second Lease of a run, a re-entry's, goes alone.
 	type batchedKey struct {
 		store Store
 		key   string
 	}
-	batched := map[batchedKey]bool{}
-	for _, k := range leaseDue {
+	batched := make(map[batchedKey]struct{}, len(d.lease))
+	for _, dl := range d.lease {
+		k := dl.k
 		s := k.lease.store
 		bk := batchedKey{s, k.lease.key}
-		if _, ok := s.(MultiCASer); ok && keyable(s) && !batched[bk] && k.lease.tryLock() {
-			if groups[s] == nil {
-				stores = append(stores, s)
+		if _, ok := s.(MultiCASer); ok && keyable(s) {
+			if _, twice := batched[bk]; !twice && k.lease.tryLock() {
+				if groups[s] == nil {
+					stores = append(stores, s)
+				}
+				groups[s] = append(groups[s], dl)
+				batched[bk] = struct{}{}
+				continue
 			}
-			groups[s] = append(groups[s], k)
-			batched[bk] = true
-			continue
 		}
 		singles = append(singles, k)
 	}
@@ -51,22 +54,22 @@ func (r *Renewer) dispatchLocked(now time.Time, leaseDue, slotsDue, chained []*K
 			chunk := group[:min(len(group), maxRenewBatch)]
 			group = group[len(chunk):]
 			if len(chunk) == 1 {
-				chunk[0].lease.unlock()
-				singles = append(singles, chunk[0])
+				chunk[0].k.lease.unlock()
+				singles = append(singles, chunk[0].k)
 				continue
 			}
 			r.startBatchLocked(s.(MultiCASer), chunk, now)
 		}
 	}
 	for _, k := range singles {
-		r.startLeaseLocked(k, now, slices.Contains(chained, k))
+		r.startLeaseLocked(k, now, slices.Contains(d.chained, k))
 	}
-	for _, k := range chained {
+	for _, k := range d.chained {
 		if k.ks.job == nil { // its lease went into a batch: renew the slots alone
 			r.startSlotsLocked(k, now)
 		}
 	}
-	for _, k := range slotsDue {
+	for _, k := range d.slots {
 		r.startSlotsLocked(k, now)
 	}
 }
@@ -108,19 +111,22 @@ func (r *Renewer) startLeaseLocked(k *Keeper, now time.Time, slots bool) {
 // it holds, in one call. The call is bounded by the earliest trust window of
 // the group, and cut short once every keeper of the group has ended. r.mu is
 // held.
-func (r *Renewer) startBatchLocked(m MultiCASer, group []*Keeper, now time.Time) {
+func (r *Renewer) startBatchLocked(m MultiCASer, group []dueLease, now time.Time) {
 	deadline := now.Add(time.Hour)
-	for _, k := range group {
-		deadline = earliest(deadline, k.trustEnd(k.lease.state(), now))
+	for _, dl := range group {
+		deadline = earliest(deadline, dl.trustEnd)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	b := &batchJob{cancel: cancel, live: len(group)}
 	r.batches[b] = struct{}{}
-	jobs := make([]*job, len(group))
+	// A batch's jobs have no done channel: nobody waits for one (Stop
+	// waits only for a renewal of the keeper's own).
+	jobs := make([]job, len(group))
 	leases := make([]*Lease, len(group))
-	for i, k := range group {
-		jobs[i] = &job{done: make(chan struct{}), batch: b, timeLeft: deadline.Sub(now)}
-		k.leaseJob, leases[i] = jobs[i], k.lease
+	keepers := make([]*Keeper, len(group))
+	for i, dl := range group {
+		jobs[i] = job{batch: b, timeLeft: deadline.Sub(now)}
+		dl.k.leaseJob, leases[i], keepers[i] = &jobs[i], dl.k.lease, dl.k
 	}
 	r.jobs.Add(1)
 	go func() {
@@ -141,9 +147,8 @@ func (r *Renewer) startBatchLocked(m MultiCASer, group []*Keeper, now time.Time)
 		r.mu.Lock()
 		delete(r.batches, b)
 		r.mu.Unlock()
-		for i, k := range group {
-			close(jobs[i].done)
-			r.finishLease(k, jobs[i], start, errs[i])
+		for i, k := range keepers {
+			r.finishLease(k, &jobs[i], start, errs[i])
 		}
 	}()
 }
