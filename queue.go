@@ -158,6 +158,13 @@ type scopeView struct {
 // not parse is a [*CorruptRowError]: it is never overwritten, and the
 // claim fails, as for a corrupt slot row.
 func scanQueue(rows []Row, scope string, nowMS int64, all map[string]string) ([]queuedRow, int64, error) {
+	return scanQueueReusing(rows, scope, nowMS, all, nil)
+}
+
+// scanQueueReusing is scanQueue that takes the decoded entry of a row from
+// prev, an earlier scan's shared decoding, when the row is unchanged since
+// (nil: decode every row).
+func scanQueueReusing(rows []Row, scope string, nowMS int64, all map[string]string, prev *sharedQueue) ([]queuedRow, int64, error) {
 	var out []queuedRow
 	var next int64
 	for _, r := range rows {
@@ -165,9 +172,12 @@ func scanQueue(rows []Row, scope string, nowMS int64, all map[string]string) ([]
 		if !ok || sc != scope {
 			continue
 		}
-		e, err := decodeEntry(r.Value)
-		if err != nil {
-			return nil, 0, corruptRow(r.Key, r.Value, err)
+		e, found := prev.entry(r)
+		if !found {
+			var err error
+			if e, err = decodeEntry(r.Value); err != nil {
+				return nil, 0, corruptRow(r.Key, r.Value, err)
+			}
 		}
 		if all != nil {
 			all[r.Key] = r.Value

@@ -312,13 +312,14 @@ func (r *room) scan(ctx context.Context, f *roomScan) {
 	}()
 	f.raw, f.err = scanScope(ctx, r.store, r.sc, true)
 	r.mu.Lock()
-	many := len(r.waiters) > 1
-	r.mu.Unlock()
-	if many {
-		// Its waiters decode the queue once between them (a waiter
-		// alone decodes it for itself, which costs it less).
-		f.raw.shared = &sharedQueue{}
+	var prev *sharedQueue
+	if r.last != nil {
+		prev = r.last.raw.shared.decoded()
 	}
+	r.mu.Unlock()
+	// Its waiters decode the queue once between them, reusing what the
+	// room's last scan decoded for the rows that did not change since.
+	f.raw.shared = &sharedQueue{prev: prev}
 	f.cut = f.err != nil && ctx.Err() != nil
 }
 

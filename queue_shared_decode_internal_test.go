@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,4 +114,121 @@ func BenchmarkDecodeScopeWake(b *testing.B) {
 			}
 		}
 	}
+}
+
+// renewSome returns raw with every k-th entry of its queue rewritten as a
+// renewal writes it (a later seq and until_ms): what a reader of a long
+// queue finds changed between two of its reads.
+func renewSome(t testing.TB, raw scopeRows, k int) scopeRows {
+	out := raw
+	out.queue = slices.Clone(raw.queue)
+	for i := 0; i < len(out.queue); i += k {
+		e, err := decodeEntry(out.queue[i].Value)
+		require.NoError(t, err)
+		e.Seq++
+		e.UntilMS += 1500
+		out.queue[i].Value = e.encode()
+	}
+	return out
+}
+
+// BenchmarkDecodeScopeRewake: the CPU a lone waiter spends judging a
+// scope it read before, when one entry in twenty changed since: decoding
+// every entry of its own ("own"), through a scan's shared decoding ("shared"),
+// or through one that reuses the entries of the previous read's decoding
+// that did not change ("reused"). One op is one judgement.
+func BenchmarkDecodeScopeRewake(b *testing.B) {
+	sc := NamedScope("gpu", 4)
+	const nowMS = 1_000_000
+	o := options{now: func() time.Time { return time.UnixMilli(nowMS) }}
+	for _, n := range []int{100, 10_000} {
+		before := sharedDecodeRows(rand.New(rand.NewPCG(3, 4)), n, nowMS)
+		after := renewSome(b, before, 20)
+		for _, mode := range []string{"own", "shared", "reused"} {
+			b.Run(fmt.Sprintf("queue=%d/%s", n, mode), func(b *testing.B) {
+				prev := &sharedQueue{}
+				if _, err := prev.decode(before, sc.name); err != nil {
+					b.Fatal(err)
+				}
+				for range b.N {
+					r := after
+					switch mode {
+					case "shared":
+						r.shared = &sharedQueue{}
+					case "reused":
+						r.shared = &sharedQueue{prev: prev}
+					}
+					if _, err := decodeScope(sc, "run-1", o, r); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestAReusedDecodeJudgesAsADecodeOfItsOwn: a scan's shared decoding that
+// reuses the previous scan's entries where a row is unchanged judges the
+// scope exactly as a decoding of its own, whatever changed between the two
+// scans: entries renewed, gone, added, or rewritten under the same key.
+func TestAReusedDecodeJudgesAsADecodeOfItsOwn(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(5, 9))
+	sc := NamedScope("gpu", 4)
+	for round := range 50 {
+		const nowMS = 1_000_000
+		before := sharedDecodeRows(rng, rng.IntN(60), nowMS)
+		after := renewSome(t, before, 1+rng.IntN(4))
+		// Some entries leave, and others come, with keys of the ones
+		// before (a run queued again) or new ones.
+		added := sharedDecodeRows(rng, rng.IntN(20), nowMS)
+		after.queue = slices.DeleteFunc(after.queue, func(Row) bool { return rng.IntN(5) == 0 })
+		for _, r := range added.queue {
+			r.Key += "-new"
+			if rng.IntN(2) == 0 && len(after.queue) > 0 {
+				r.Key = after.queue[rng.IntN(len(after.queue))].Key
+				after.queue = slices.DeleteFunc(after.queue, func(q Row) bool { return q.Key == r.Key })
+			}
+			after.queue = append(after.queue, r)
+		}
+		slices.SortFunc(after.queue, func(a, b Row) int { return strings.Compare(a.Key, b.Key) })
+		prev := &sharedQueue{}
+		_, err := prev.decode(before, sc.name)
+		require.NoError(t, err)
+		require.Same(t, prev, prev.decoded())
+		reused := after
+		reused.shared = &sharedQueue{prev: prev}
+		for _, at := range []int64{nowMS - 2000, nowMS, nowMS + 1500, nowMS + 5000} {
+			o := options{now: func() time.Time { return time.UnixMilli(at) }}
+			for _, run := range []string{"run-0003", "holder-1", "someone"} {
+				want, err := decodeScope(sc, run, o, after)
+				require.NoError(t, err)
+				got, err := decodeScope(sc, run, o, reused)
+				require.NoError(t, err)
+				assert.Equal(t, want, got, "round %d, at %d, run %s", round, at, run)
+			}
+		}
+		require.Nil(t, reused.shared.prev, "a decoding lets go of the one it reused")
+	}
+}
+
+// TestAReusedDecodeStillFindsACorruptEntry: an entry that was valid in the
+// previous scan and is corrupt now fails the judgement, and a decoding
+// that failed is never reused.
+func TestAReusedDecodeStillFindsACorruptEntry(t *testing.T) {
+	t.Parallel()
+	sc := NamedScope("gpu", 4)
+	o := options{now: func() time.Time { return time.UnixMilli(1_000_000) }}
+	before := sharedDecodeRows(rand.New(rand.NewPCG(1, 2)), 5, 1_000_000)
+	prev := &sharedQueue{}
+	_, err := prev.decode(before, sc.name)
+	require.NoError(t, err)
+	after := before
+	after.queue = slices.Clone(before.queue)
+	after.queue[2].Value = "{not json"
+	after.shared = &sharedQueue{prev: prev}
+	_, err = decodeScope(sc, "r", o, after)
+	require.ErrorIs(t, err, ErrCorruptRow)
+	require.Nil(t, after.shared.decoded(), "a failed decoding is not reused")
+	require.Nil(t, (&sharedQueue{}).decoded(), "nor one not yet made")
 }

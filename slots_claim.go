@@ -6,6 +6,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -502,6 +503,16 @@ type sharedQueue struct {
 	queue []queuedRow
 	rows  map[string]string
 	err   error
+	// at is where each entry is in queue, by key, for a later scan's
+	// decoding to reuse.
+	at map[string]int32
+	// prev is the room's previous scan's decoding, whose entries this one
+	// reuses for the rows that did not change: most rows, between two
+	// reads of a long queue. Read only by decode, under once, and dropped
+	// there. done is set once the fields above are written, so that a
+	// later scan reuses only a finished decoding.
+	prev *sharedQueue
+	done atomic.Bool
 
 	// The live entries at one millisecond, kept for the waiters that
 	// judge the scope at the same one (most of one wake-up's): a leaf
@@ -547,13 +558,44 @@ func (q *sharedQueue) liveAt(nowMS int64) ([]queuedRow, int64) {
 // called, and returns them.
 func (q *sharedQueue) decode(raw scopeRows, scope string) (*sharedQueue, error) {
 	q.once.Do(func() {
+		prev := q.prev
+		q.prev = nil
 		q.rows = make(map[string]string, len(raw.queue)+len(raw.marks))
-		if q.queue, _, q.err = scanQueue(raw.queue, scope, math.MinInt64, q.rows); q.err != nil {
+		if q.queue, _, q.err = scanQueueReusing(raw.queue, scope, math.MinInt64, q.rows, prev); q.err != nil {
 			return
 		}
-		_, q.err = scanMarks(raw.marks, scope, math.MinInt64, q.rows)
+		if _, q.err = scanMarks(raw.marks, scope, math.MinInt64, q.rows); q.err != nil {
+			return
+		}
+		q.at = make(map[string]int32, len(q.queue))
+		for i := range q.queue {
+			q.at[q.queue[i].key] = int32(i)
+		}
+		q.done.Store(true)
 	})
 	return q, q.err
+}
+
+// entry returns the entry q decoded from r's row when r holds the same
+// value, and false when q is nil or holds no such row.
+func (q *sharedQueue) entry(r Row) (queueEntry, bool) {
+	if q == nil {
+		return queueEntry{}, false
+	}
+	i, ok := q.at[r.Key]
+	if !ok || q.queue[i].raw != r.Value {
+		return queueEntry{}, false
+	}
+	return q.queue[i].e, true
+}
+
+// decoded returns q when its decoding finished without error, for a later
+// scan to reuse, and nil otherwise.
+func (q *sharedQueue) decoded() *sharedQueue {
+	if q == nil || !q.done.Load() {
+		return nil
+	}
+	return q
 }
 
 // claimRank is where a claim that does not wait ranks in a scope's queue:

@@ -216,6 +216,14 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestTwiceAcquireWaitContextEndReleasesALandedWrite", "TestAcquireCutShortByItsContextReleasesWhatItWrote"},
 	},
 	{
+		Name:   "queue-entry-reused-though-changed",
+		File:   "slots_claim.go",
+		Old:    "if !ok || q.queue[i].raw != r.Value {",
+		New:    "if !ok {",
+		Breaks: "A scan's decoding takes the previous scan's entry for every key it had, though the row changed since: a renewed, requeued or corrupted entry is judged as it was, so a waiter ranks and counts stale entries.",
+		Pkg:    ".", Tests: []string{"TestAReusedDecodeJudgesAsADecodeOfItsOwn", "TestAReusedDecodeStillFindsACorruptEntry"},
+	},
+	{
 		Name:   "expiry-reads-not-shared",
 		File:   "queue_room.go",
 		Old:    "if r.expiryTick != 0 && r.expiryMS >= atMS {",
