@@ -588,7 +588,7 @@ func Occupancy(ctx context.Context, store Store, opts ...Option) ([]SlotInfo, er
 		return nil, err
 	}
 	now := o.nowMS()
-	var out []SlotInfo
+	out := make([]SlotInfo, 0, len(rows))
 	for _, r := range rows {
 		scope, slot, ok := parseSlotKey(r.Key)
 		row, err := decodeRow(r.Value)
@@ -599,6 +599,9 @@ func Occupancy(ctx context.Context, store Store, opts ...Option) ([]SlotInfo, er
 		if row.live(now) {
 			out = append(out, SlotInfo{Scope: scope, Slot: slot, RunID: row.Holder, Until: row.until(), Key: r.Key})
 		}
+	}
+	if len(out) == 0 {
+		return nil, nil // nil, not empty, when no slot is live
 	}
 	return out, nil
 }
