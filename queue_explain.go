@@ -101,7 +101,7 @@ func ExplainSlots(ctx context.Context, store Store, runID string, scopes []Scope
 		v := judge(st.used, st.holders, st.queue, me)
 		se := ScopeExplanation{Scope: sc.name, Limit: sc.limit, Units: units, Used: st.used, Own: len(st.own),
 			QueueLen: len(st.queue), Queued: findEntry(st.queue, runID) != nil, Position: len(v.ahead),
-			Priority: me.Priority, Tag: me.Tag, Reserved: v.reserved, Holders: st.infos,
+			Priority: me.Priority, Tag: me.Tag, Reserved: v.reserved, Holders: st.slotInfos(sc),
 			BlockedBy: v.blockedBy(units, sc.limit)}
 		for pos, q := range v.ahead {
 			se.Ahead = append(se.Ahead, waiterOf(sc.name, q.e, pos))

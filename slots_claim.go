@@ -367,13 +367,32 @@ type scopeState struct {
 	used    int               // live slot rows of other runs, and own ones at or above the limit
 	above   int               // live slot rows numbered at or above the limit
 	holders map[string]int    // live slot rows per run
-	infos   []SlotInfo        // the live slot rows, for explanations
+	// slotRows are the slot rows read, for explanations (slotInfos):
+	// a claim does not pay for listing the holders.
+	slotRows []Row
 	queue   []queuedRow       // the live queue entries, ranked
 	// entryRows holds every queue row and fair-share mark of the scope,
 	// live or not, by key.
 	entryRows map[string]string
 	marks     map[string]int64 // live fair-share finishes by principal
 	nextMS    int64            // the earliest expiry of a live slot row or entry (0: none)
+}
+
+// slotInfos lists the live slot rows of sc in st, in key order: the
+// holders an explanation names.
+func (st *scopeState) slotInfos(sc Scope) []SlotInfo {
+	var out []SlotInfo
+	for _, r := range st.slotRows {
+		scope, slot, ok := parseSlotKey(r.Key)
+		if !ok || scope != sc.name {
+			continue
+		}
+		// decodeScope accepted every row of the scope.
+		if row, err := decodeRow(r.Value); err == nil && row.live(st.nowMS) {
+			out = append(out, SlotInfo{Scope: sc.name, Slot: slot, RunID: row.Holder, Until: row.until(), Key: r.Key})
+		}
+	}
+	return out
 }
 
 // readScope scans one scope's slots and queue. A row that does not parse
@@ -432,8 +451,8 @@ func decodeScope(sc Scope, runID string, o options, raw scopeRows) (*scopeState,
 	rows, qrows, mrows := raw.slots, raw.queue, raw.marks
 	var err error
 	now := o.nowMS()
-	st := &scopeState{nowMS: now, taken: make(map[int]takenSlot, len(rows)), holders: map[string]int{},
-		entryRows: make(map[string]string, len(qrows))}
+	st := &scopeState{nowMS: now, taken: make(map[int]takenSlot, len(rows)), holders: make(map[string]int, len(rows)),
+		entryRows: make(map[string]string, len(qrows)), slotRows: rows}
 	for i := range rows {
 		r := &rows[i]
 		scope, slot, ok := parseSlotKey(r.Key)
@@ -450,7 +469,6 @@ func decodeScope(sc Scope, runID string, o options, raw scopeRows) (*scopeState,
 			continue
 		}
 		st.holders[row.Holder]++
-		st.infos = append(st.infos, SlotInfo{Scope: sc.name, Slot: slot, RunID: row.Holder, Until: row.until(), Key: r.Key})
 		if st.nextMS == 0 || row.UntilMS < st.nextMS {
 			st.nextMS = row.UntilMS
 		}
