@@ -147,7 +147,11 @@ const (
 // pgConnStatements is what one connection has prepared. A connection is
 // used by one call at a time, so it needs no lock.
 type pgConnStatements struct {
-	names  map[string]struct{}
+	// names maps each statement prepared on the connection to what the
+	// server said of it, whose parameter types let later uses send
+	// arguments in binary (text arrays, above all, which the text format
+	// must quote and escape element by element).
+	names  map[string]*pgconn.StatementDescription
 	faults int
 }
 
@@ -155,7 +159,7 @@ func connStatements(c *pgx.Conn) *pgConnStatements {
 	data := c.PgConn().CustomData()
 	ps, _ := data[pgConnDataKey].(*pgConnStatements)
 	if ps == nil {
-		ps = &pgConnStatements{names: map[string]struct{}{}}
+		ps = &pgConnStatements{names: map[string]*pgconn.StatementDescription{}}
 		data[pgConnDataKey] = ps
 	}
 	return ps
@@ -199,7 +203,8 @@ func sendPrepared(ctx context.Context, c *pgx.Conn, ps *pgConnStatements, stmts 
 	var preparing []string
 	queue := func(sql string, args []any) error {
 		name := pgStatementName(sql)
-		if _, ok := ps.names[name]; !ok && !slices.Contains(preparing, name) {
+		sd, ok := ps.names[name]
+		if !ok && !slices.Contains(preparing, name) {
 			if len(ps.names)+len(preparing) >= pgMaxConnStatements {
 				name = "" // parsed for this use only
 			}
@@ -209,8 +214,11 @@ func sendPrepared(ctx context.Context, c *pgx.Conn, ps *pgConnStatements, stmts 
 			}
 			p.SendPrepare(name, sql, nil)
 		}
+		// A statement's first use sends its arguments as text, for the
+		// server to read as the types it infers; later ones in each
+		// type's preferred format.
 		var b pgx.ExtendedQueryBuilder
-		if err := b.Build(c.TypeMap(), nil, args); err != nil {
+		if err := b.Build(c.TypeMap(), sd, args); err != nil {
 			return err
 		}
 		p.SendQueryPrepared(name, b.ParamValues, b.ParamFormats, nil)
@@ -228,7 +236,7 @@ func sendPrepared(ctx context.Context, c *pgx.Conn, ps *pgConnStatements, stmts 
 		return nil, err
 	}
 	results := make([]*pgconn.Result, 0, 1+len(stmts))
-	prepared := 0
+	prepared := make([]*pgconn.StatementDescription, 0, len(preparing))
 	var first error
 	for {
 		r, err := p.GetResults()
@@ -242,7 +250,7 @@ func sendPrepared(ctx context.Context, c *pgx.Conn, ps *pgConnStatements, stmts 
 		}
 		switch r := r.(type) {
 		case *pgconn.StatementDescription:
-			prepared++
+			prepared = append(prepared, r)
 		case *pgconn.CloseComplete:
 		case *pgconn.ResultReader:
 			res := r.Read()
@@ -261,9 +269,9 @@ func sendPrepared(ctx context.Context, c *pgx.Conn, ps *pgConnStatements, stmts 
 	// A statement parsed stays prepared whatever became of the call: the
 	// server keeps it through the transaction's rollback. The ones after
 	// an error were skipped.
-	for _, name := range preparing[:min(prepared, len(preparing))] {
-		if name != "" {
-			ps.names[name] = struct{}{}
+	for i, sd := range prepared[:min(len(prepared), len(preparing))] {
+		if name := preparing[i]; name != "" {
+			ps.names[name] = sd
 		}
 	}
 	if err := p.Close(); err != nil {

@@ -868,3 +868,60 @@ func oneConnPool(t *testing.T) *pgxpool.Pool {
 	t.Cleanup(pool.Close)
 	return pool
 }
+
+// TestPostgresLaterUsesOfAStatementStoreValuesExactly: a statement's first
+// use on a connection sends its arguments as text; later uses send them in
+// the binary form of the types the server gave its parameters (text
+// arrays, above all). Values that the text form of an array must quote or
+// escape go through MetaCASMany, MetaBatch and MetaCAS on one connection,
+// each statement many times, and are read back byte for byte.
+func TestPostgresLaterUsesOfAStatementStoreValuesExactly(t *testing.T) {
+	t.Parallel()
+	s := pgStore(t, oneConnPool(t))
+	hostile := []string{
+		"", "NULL", "null", `"`, `\`, `\\"`, "{", "}", "{a,b}", "a,b", " lead", "trail ", "\t\n\r",
+		`{"holder":"x","fence":1,"until_ms":2}`, "ü日本🙂", "e\u0301", "'; DROP TABLE x; --", "\x01\x1f",
+		strings.Repeat("x", runlease.MaxValueLen),
+	}
+	keys := []string{"bin:a", "bin:{b}", `bin:"c"`, "bin:d,e", `bin:\f`}
+	cur := make(map[string]*string)
+	// fit cuts a value tagged with a suffix back to the longest allowed.
+	fit := func(v string) string { return v[:min(len(v), runlease.MaxValueLen)] }
+	for round := range 3 {
+		for i, v := range hostile {
+			next := fmt.Sprintf("%d.%d|%s", round, i, v)
+			// MetaCASMany: every key at once.
+			var writes []runlease.CASWrite
+			for _, k := range keys {
+				writes = append(writes, runlease.CASWrite{Key: k, Expected: cur[k], Value: fit(k + next)})
+			}
+			swapped, err := s.MetaCASMany(t.Context(), writes)
+			require.NoError(t, err)
+			for j, k := range keys {
+				require.True(t, swapped[j], "round %d value %d key %s", round, i, k)
+				cur[k] = strptr(fit(k + next))
+			}
+			// MetaBatch: one condition, puts of the others.
+			ops := []runlease.Op{runlease.Put(keys[0], fit("#0"+v))}
+			for _, k := range keys[1:] {
+				ops = append(ops, runlease.Put(k, v))
+			}
+			ok, err := s.MetaBatch(t.Context(), []runlease.Cond{runlease.IfEquals(keys[0], *cur[keys[0]])}, ops)
+			require.NoError(t, err)
+			require.True(t, ok, "round %d value %d", round, i)
+			cur[keys[0]] = strptr(fit("#0" + v))
+			for _, k := range keys[1:] {
+				cur[k] = strptr(v)
+			}
+			// MetaCAS of one key.
+			require.True(t, mustCAS(t, s, keys[1], cur[keys[1]], fit("#1"+v)))
+			cur[keys[1]] = strptr(fit("#1" + v))
+			for _, k := range keys {
+				got, found, err := s.MetaGet(t.Context(), k)
+				require.NoError(t, err)
+				require.True(t, found)
+				require.Equal(t, *cur[k], got, "round %d value %d key %s", round, i, k)
+			}
+		}
+	}
+}
