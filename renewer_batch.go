@@ -282,14 +282,17 @@ func renewMany(ctx context.Context, m MultiCASer, leases []*Lease) []error {
 		}
 	}()
 	type pending struct {
-		next    string
-		untilMS int64
-		start   time.Time
+		seen, next string
+		untilMS    int64
 	}
 	errs := make([]error, len(leases))
 	pend := make([]pending, len(leases))
 	writes := make([]CASWrite, 0, len(leases))
 	index := make([]int, 0, len(leases))
+	// One start for the whole attempt, taken before any row is stamped:
+	// the leases of a batch then share their trust windows, and so their
+	// places in the Renewer's schedule (renewer_schedule.go).
+	start := time.Now()
 	for i, l := range leases {
 		l.mu.Lock()
 		if l.lost != nil {
@@ -297,11 +300,10 @@ func renewMany(ctx context.Context, m MultiCASer, leases []*Lease) []error {
 			l.mu.Unlock()
 			continue
 		}
-		seen := l.seen
-		pend[i].start = time.Now()
+		pend[i].seen = l.seen
 		pend[i].next, pend[i].untilMS = l.nextRowLocked(kindRenew)
 		l.mu.Unlock()
-		writes = append(writes, CASWrite{Key: l.key, Expected: &seen, Value: pend[i].next})
+		writes = append(writes, CASWrite{Key: l.key, Expected: &pend[i].seen, Value: pend[i].next})
 		index = append(index, i)
 	}
 	if len(writes) == 0 {
@@ -317,7 +319,7 @@ func renewMany(ctx context.Context, m MultiCASer, leases []*Lease) []error {
 			}
 			errs[i] = l.fault(ctx, err)
 		case swapped[j]:
-			l.confirm(kindRenew, p.next, p.untilMS, p.start)
+			l.confirm(kindRenew, p.next, p.untilMS, start)
 		default:
 			errs[i] = l.updateLocked(ctx, kindRenew, nil)
 		}
