@@ -3,6 +3,7 @@ package brokenstore
 import (
 	"context"
 	"runtime"
+	"slices"
 
 	"github.com/areev/runlease"
 )
@@ -44,6 +45,7 @@ func (s *Store) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runl
 		conds = onWritten
 	}
 	s.st.mu.Lock()
+	s.st.admit()
 	ok := s.st.hold(conds)
 	if ok {
 		for _, op := range ops {
@@ -54,6 +56,7 @@ func (s *Store) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runl
 			}
 			s.remember(op.Key, op.Value, !op.Delete)
 		}
+		s.st.landed()
 	}
 	s.st.mu.Unlock()
 	if after != nil {
@@ -89,12 +92,16 @@ func (s *Store) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]
 	}
 	swapped := make([]bool, len(writes))
 	s.st.mu.Lock()
+	s.st.admit()
 	for i, w := range writes {
 		if s.st.hold([]runlease.Cond{{Key: w.Key, Value: w.Expected}}) {
 			s.st.rows[w.Key] = w.Value
 			s.remember(w.Key, w.Value, true)
 			swapped[i] = true
 		}
+	}
+	if slices.Contains(swapped, true) {
+		s.st.landed()
 	}
 	s.st.mu.Unlock()
 	if after != nil {

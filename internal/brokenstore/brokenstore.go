@@ -10,16 +10,18 @@
 // off at a page or read page by page, a context error returned bare, a cache
 // per handle, and a fault labelled as not applied after the write landed.
 // Where a bug needs a race to show, the variant yields between the two
-// steps that should have been one, as a store waiting on I/O would.
+// steps that should have been one, as a store waiting on I/O would, or, for
+// a scan read page by page, lets the writes in flight land between pages.
 package brokenstore
 
 import (
 	"context"
-	"runtime"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/storetest"
@@ -42,7 +44,9 @@ const (
 	// TruncatedScan returns at most the first 100 rows of a scan.
 	TruncatedScan Bug = "truncated-scan"
 	// PagingScan reads a scan 100 rows at a time, each page at its own
-	// instant, so rows that move meanwhile are seen twice or not at all.
+	// instant, with writes landing between pages, as a store that pages
+	// through a range under concurrent writes does: rows that move
+	// meanwhile are seen twice or not at all.
 	PagingScan Bug = "paging-scan"
 	// BareContextError returns the context's error itself, not a
 	// [*runlease.StorageError] wrapping it.
@@ -66,16 +70,37 @@ var Bugs = []Bug{WriteSkew, IgnoresCancel, TruncatedScan, PagingScan, BareContex
 // pageRows is the page of TruncatedScan and PagingScan.
 const pageRows = 100
 
+// writeIdle is how long a PagingScan scan waits, between two pages, for
+// writes while none lands: a scan with no writer running waits at most
+// this long, once, and then reads on.
+const writeIdle = 20 * time.Millisecond
+
 // Storage is the table that the handles of one store share, as a database
 // is shared by its connections.
 type Storage struct {
 	bug  Bug
 	mu   sync.Mutex
 	rows map[string]string
+
+	// PagingScan only. The scan that is reading page by page holds the
+	// turn (paging); between two of its pages it lets quota more writes
+	// land and holds back any later write until it has read the next
+	// page. held counts the writes held back. writing is when writes were
+	// last seen coming: one landed, or a page read kept them waiting.
+	// turn, on mu, wakes the scan and the writes held back.
+	paging  bool
+	quota   int
+	held    int
+	writing time.Time
+	turn    *sync.Cond
 }
 
 // NewStorage returns empty storage whose handles have bug.
-func NewStorage(bug Bug) *Storage { return &Storage{bug: bug, rows: map[string]string{}} }
+func NewStorage(bug Bug) *Storage {
+	st := &Storage{bug: bug, rows: map[string]string{}}
+	st.turn = sync.NewCond(&st.mu)
+	return st
+}
 
 // Open returns a new handle on st.
 func (st *Storage) Open() *Store { return &Store{st: st, cache: map[string]cached{}} }
@@ -239,12 +264,51 @@ func (s *Store) write(ctx context.Context, op, key string, apply func() bool) (b
 		return false, before
 	}
 	s.st.mu.Lock()
+	s.st.admit()
 	ok := apply()
+	if ok {
+		s.st.landed()
+	}
 	s.st.mu.Unlock()
 	if after != nil {
 		return false, after()
 	}
 	return ok, nil
+}
+
+// admit holds back a write, for PagingScan, while a scan is between two
+// pages and the writes it lets in have all landed, until the scan has read
+// its next page or ended. st.mu must be held; it is released while the
+// write waits.
+func (st *Storage) admit() {
+	for st.bug == PagingScan && st.paging && st.quota == 0 {
+		st.held++
+		st.turn.Wait()
+		st.held--
+	}
+}
+
+// landed records, for PagingScan, that a write changed the rows, and wakes
+// the scan between pages once the writes it lets in have all landed. st.mu
+// must be held.
+func (st *Storage) landed() {
+	if st.bug != PagingScan {
+		return
+	}
+	st.writing = time.Now()
+	if st.paging && st.quota > 0 {
+		st.quota--
+		if st.quota == 0 {
+			st.turn.Broadcast()
+		}
+	}
+}
+
+// wake wakes whatever waits on st.turn, to look again at why it waits.
+func (st *Storage) wake() {
+	st.mu.Lock()
+	st.turn.Broadcast()
+	st.mu.Unlock()
 }
 
 // MetaScan implements [runlease.Store].
@@ -264,18 +328,73 @@ func (s *Store) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, er
 		}
 		return rows, nil
 	}
+	return s.st.pagingScan(ctx, prefix), nil
+}
+
+// pagingScan is MetaScan for PagingScan: the rows of prefix read 100 at a
+// time, each page at its own instant, with writes landing between pages.
+//
+// Between two pages the scan lets in 1 to 4 writes, the number drawn at
+// random for each gap, waits for them to land, and holds back any later
+// write until it has read the next page. If writes stop coming (none for
+// writeIdle), or ctx ends, it reads on without them. A scan that only
+// yielded between pages would leave it to the scheduler whether any write
+// lands between them, and how many: a writer that is not running during a
+// scan writes nothing between its pages. Here, while a writer keeps
+// writing, the number of writes that land between any two pages of a scan
+// is as likely to be even as odd, and each value modulo 4 is as likely as
+// another, so a row that moves meanwhile is seen twice or missed in a
+// steady share of scans, however the goroutines are scheduled.
+//
+// One scan at a time pages through the storage; another waits its turn.
+func (st *Storage) pagingScan(ctx context.Context, prefix string) []runlease.Row {
+	stop := context.AfterFunc(ctx, st.wake)
+	defer stop()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for st.paging {
+		st.turn.Wait()
+	}
+	st.paging = true
+	defer func() {
+		st.paging, st.quota = false, 0
+		st.turn.Broadcast()
+	}()
 	var out []runlease.Row
 	after := ""
 	for {
-		s.st.mu.Lock()
-		rows := s.st.page(prefix, after, pageRows)
-		s.st.mu.Unlock()
+		readAt := time.Now()
+		rows := st.page(prefix, after, pageRows)
 		out = append(out, rows...)
 		if len(rows) < pageRows {
-			return out, nil
+			return out
 		}
 		after = rows[len(rows)-1].Key
-		runtime.Gosched() // the next page is read at another instant
+		// Writes kept from landing by the page just read are still
+		// coming: their wait for writeIdle starts now.
+		if st.held > 0 || readAt.Sub(st.writing) < writeIdle {
+			st.writing = time.Now()
+		}
+		st.quota = 1 + rand.IntN(4)
+		st.turn.Broadcast()
+		st.awaitQuota(ctx)
+		st.quota = 0
+	}
+}
+
+// awaitQuota waits until the writes a scan lets in between two pages have
+// landed, until writeIdle has passed since writes were last seen coming,
+// or until ctx ends. st.mu must be held; it is released while the scan
+// waits.
+func (st *Storage) awaitQuota(ctx context.Context) {
+	for st.quota > 0 && ctx.Err() == nil {
+		idle := time.Until(st.writing.Add(writeIdle))
+		if idle <= 0 {
+			return
+		}
+		timer := time.AfterFunc(idle, st.wake)
+		st.turn.Wait()
+		timer.Stop()
 	}
 }
 
