@@ -149,7 +149,11 @@ func acquireWith(ctx context.Context, store Store, runID, holder string, o optio
 	start := time.Now()
 	err := l.acquire(ctx, tryCreate, known)
 	if h := hooksOr(o.hooks).Acquired; h != nil {
-		h(AcquireEvent{RunID: runID, Holder: holder, Fence: l.fence, Latency: time.Since(start), Err: err})
+		fence := l.fence
+		if err != nil {
+			fence = 0 // a write taken back (takeBack) set it
+		}
+		h(AcquireEvent{RunID: runID, Holder: holder, Fence: fence, Latency: time.Since(start), Err: err})
 	}
 	if err != nil {
 		return nil, err

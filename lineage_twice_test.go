@@ -253,6 +253,7 @@ func TestTwiceAcquireWaitContextEndReleasesALandedWrite(t *testing.T) {
 // ended. Acquire releases the row it wrote and returns a fault that changed
 // nothing; when that release fails too, the fault stays one of unknown
 // outcome, as documented, and the row is the holder's until it expires.
+// Either way the Acquired hook hears of a failure, at fence 0.
 func TestAcquireCutShortByItsContextReleasesWhatItWrote(t *testing.T) {
 	t.Parallel()
 	for _, releaseFails := range []bool{false, true} {
@@ -268,9 +269,14 @@ func TestAcquireCutShortByItsContextReleasesWhatItWrote(t *testing.T) {
 				}
 				cancel()
 			}})
-			l, err := runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now))
+			var events []runlease.AcquireEvent
+			hooks := runlease.Hooks{Acquired: func(e runlease.AcquireEvent) { events = append(events, e) }}
+			l, err := runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now), runlease.WithHooks(hooks))
 			require.Nil(t, l)
 			require.ErrorIs(t, err, runlease.ErrStorage)
+			require.Len(t, events, 1)
+			require.Equal(t, runlease.AcquireEvent{RunID: "r1", Holder: "A", Latency: events[0].Latency, Err: err}, events[0],
+				"the hook hears of a failure, at fence 0")
 			require.Equal(t, releaseFails, runlease.IsOutcomeUnknown(err), "%v", err)
 			row := get(t, f, "runlease:r1")
 			if releaseFails {
