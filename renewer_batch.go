@@ -147,9 +147,11 @@ func (r *Renewer) startBatchLocked(m MultiCASer, group []dueLease, now time.Time
 		r.mu.Lock()
 		delete(r.batches, b)
 		r.mu.Unlock()
-		for i, k := range keepers {
-			r.finishLease(k, &jobs[i], start, errs[i])
+		done := make([]*job, len(jobs))
+		for i := range jobs {
+			done[i] = &jobs[i]
 		}
+		r.finishLeases(keepers, done, start, errs)
 	}()
 }
 
@@ -168,31 +170,48 @@ func (r *Renewer) takeSem(ctx context.Context) error {
 // started at start: it reports it, and schedules what comes next — the
 // next renewal, a retry, or the end.
 func (r *Renewer) finishLease(k *Keeper, j *job, start time.Time, err error) {
+	r.finishLeases([]*Keeper{k}, []*job{j}, start, []error{err})
+}
+
+// finishLeases is finishLease for the keepers of one call, whose renewals
+// jobs[i] ended with errs[i]: Renewer.mu is taken twice for all of them,
+// not twice for each.
+func (r *Renewer) finishLeases(keepers []*Keeper, jobs []*job, start time.Time, errs []error) {
+	running := make([]bool, len(keepers))
 	r.mu.Lock()
 	// The hook hears of every attempt of a running keeper, the one that
 	// found the lease lost included: that call ended the keeper (Lease.lose)
 	// before returning here.
-	running := k.err == nil || errors.Is(err, ErrLeaseLost) && errors.Is(k.err, ErrLeaseLost)
+	for i, k := range keepers {
+		running[i] = k.err == nil || errors.Is(errs[i], ErrLeaseLost) && errors.Is(k.err, ErrLeaseLost)
+	}
 	r.mu.Unlock()
-	if running {
+	for i, k := range keepers {
+		if !running[i] {
+			continue
+		}
+		err := errs[i]
 		if h := hooksOr(k.o.hooks).Renewed; h != nil {
-			h(RenewEvent{RunID: k.lease.RunID(), Fence: k.lease.fence, Latency: time.Since(start), TimeLeft: j.timeLeft, Err: err})
+			h(RenewEvent{RunID: k.lease.RunID(), Fence: k.lease.fence, Latency: time.Since(start), TimeLeft: jobs[i].timeLeft, Err: err})
 		}
 		if err != nil && !errors.Is(err, ErrLeaseLost) {
 			k.o.logger.Debug("runlease: renewal failed; retrying", "run", k.lease.RunID(), "err", err)
 		}
 	}
+	var reports []func()
 	r.mu.Lock()
-	if k.leaseJob == j {
-		k.leaseJob = nil
-	}
-	var report func()
-	if k.err == nil {
-		switch {
+	for i, k := range keepers {
+		if k.leaseJob == jobs[i] {
+			k.leaseJob = nil
+		}
+		if k.err != nil {
+			continue
+		}
+		switch err := errs[i]; {
 		case err == nil:
 			k.leaseWait, k.lastErr = retry{}, nil
 		case errors.Is(err, ErrLeaseLost):
-			report = r.endLocked(k, err)
+			reports = append(reports, r.endLocked(k, err))
 		default:
 			k.lastErr = err
 			k.leaseWait.after(time.Now(), k.o.interval)
@@ -200,7 +219,7 @@ func (r *Renewer) finishLease(k *Keeper, j *job, start time.Time, err error) {
 		r.rescheduleLocked(k)
 	}
 	r.mu.Unlock()
-	if report != nil {
+	for _, report := range reports {
 		report()
 	}
 }
