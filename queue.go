@@ -165,7 +165,7 @@ func scanQueue(rows []Row, scope string, nowMS int64, all map[string]string) ([]
 // prev, an earlier scan's shared decoding, when the row is unchanged since
 // (nil: decode every row).
 func scanQueueReusing(rows []Row, scope string, nowMS int64, all map[string]string, prev *sharedQueue) ([]queuedRow, int64, error) {
-	var out []queuedRow
+	out := make([]queuedRow, 0, len(rows)) // entries are large: grow once
 	var next int64
 	for _, r := range rows {
 		sc, _, ok := parseQueueKey(r.Key)
@@ -189,6 +189,9 @@ func scanQueueReusing(rows []Row, scope string, nowMS int64, all map[string]stri
 			next = e.UntilMS
 		}
 		out = append(out, queuedRow{key: r.Key, raw: r.Value, e: e})
+	}
+	if len(out) == 0 {
+		out = nil // no entry: nil, not empty
 	}
 	slices.SortFunc(out, func(a, b queuedRow) int {
 		if a.e.before(&b.e) {

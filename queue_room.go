@@ -312,14 +312,19 @@ func (r *room) scan(ctx context.Context, f *roomScan) {
 	}()
 	f.raw, f.err = scanScope(ctx, r.store, r.sc, true)
 	r.mu.Lock()
+	many := len(r.waiters) > 1
 	var prev *sharedQueue
-	if r.last != nil {
+	if many && r.last != nil {
 		prev = r.last.raw.shared.decoded()
 	}
 	r.mu.Unlock()
-	// Its waiters decode the queue once between them, reusing what the
-	// room's last scan decoded for the rows that did not change since.
-	f.raw.shared = &sharedQueue{prev: prev}
+	if many {
+		// Its waiters decode the queue once between them, reusing what
+		// the room's last scan decoded for the rows that did not change
+		// since (a waiter alone decodes only the live entries, for
+		// itself, which costs it less: BenchmarkDecodeScopeRewake).
+		f.raw.shared = &sharedQueue{prev: prev}
+	}
 	f.cut = f.err != nil && ctx.Err() != nil
 }
 
