@@ -370,7 +370,7 @@ type scopeState struct {
 	// slotRows are the slot rows read, for explanations (slotInfos):
 	// a claim does not pay for listing the holders.
 	slotRows []Row
-	queue   []queuedRow       // the live queue entries, ranked
+	queue    []queuedRow // the live queue entries, ranked
 	// entryRows holds every queue row and fair-share mark of the scope,
 	// live or not, by key.
 	entryRows map[string]string
