@@ -55,15 +55,23 @@ func TestASharedDecodeJudgesAsADecodeOfItsOwn(t *testing.T) {
 		raw := sharedDecodeRows(rng, rng.IntN(60), nowMS)
 		shared := raw
 		shared.shared = &sharedQueue{}
-		for _, at := range []int64{nowMS - 2000, nowMS, nowMS + 1500, nowMS + 5000} {
-			o := options{now: func() time.Time { return time.UnixMilli(at) }}
-			for _, run := range []string{"run-0003", "holder-1", "someone"} {
-				want, err := decodeScope(sc, run, o, raw)
-				require.NoError(t, err)
-				got, err := decodeScope(sc, run, o, shared)
-				require.NoError(t, err)
-				assert.Equal(t, want, got, "round %d, at %d, run %s", round, at, run)
-			}
+		judgesAlike(t, sc, nowMS, raw, shared, round)
+	}
+}
+
+// judgesAlike requires decodeScope to judge sc alike from raw, decoded on
+// its own, and from other, the same rows with a shared decoding, for
+// several runs at moments around nowMS.
+func judgesAlike(t *testing.T, sc Scope, nowMS int64, raw, other scopeRows, round int) {
+	t.Helper()
+	for _, at := range []int64{nowMS - 2000, nowMS, nowMS + 1500, nowMS + 5000} {
+		o := options{now: func() time.Time { return time.UnixMilli(at) }}
+		for _, run := range []string{"run-0003", "holder-1", "someone"} {
+			want, err := decodeScope(sc, run, o, raw)
+			require.NoError(t, err)
+			got, err := decodeScope(sc, run, o, other)
+			require.NoError(t, err)
+			assert.Equal(t, want, got, "round %d, at %d, run %s", round, at, run)
 		}
 	}
 }
@@ -198,16 +206,7 @@ func TestAReusedDecodeJudgesAsADecodeOfItsOwn(t *testing.T) {
 		require.Same(t, prev, prev.decoded())
 		reused := after
 		reused.shared = &sharedQueue{prev: prev}
-		for _, at := range []int64{nowMS - 2000, nowMS, nowMS + 1500, nowMS + 5000} {
-			o := options{now: func() time.Time { return time.UnixMilli(at) }}
-			for _, run := range []string{"run-0003", "holder-1", "someone"} {
-				want, err := decodeScope(sc, run, o, after)
-				require.NoError(t, err)
-				got, err := decodeScope(sc, run, o, reused)
-				require.NoError(t, err)
-				assert.Equal(t, want, got, "round %d, at %d, run %s", round, at, run)
-			}
-		}
+		judgesAlike(t, sc, nowMS, after, reused, round)
 		require.Nil(t, reused.shared.prev, "a decoding lets go of the one it reused")
 	}
 }
