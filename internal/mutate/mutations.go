@@ -119,8 +119,8 @@ var catalog = []mutation{
 	{
 		Name:   "longer-scope-counted",
 		File:   "slots_claim.go",
-		Old:    "if !ok || scope != sc.name {",
-		New:    "if !ok || scope[:min(len(scope), len(sc.name))] != sc.name {",
+		Old:    "if !ok || scope != sc.name {\n\t\t\tcontinue // a longer scope name",
+		New:    "if !ok || scope[:min(len(scope), len(sc.name))] != sc.name {\n\t\t\tcontinue // a longer scope name",
 		Breaks: "Slots of a longer scope name that shares the prefix count against this scope's limit.",
 		Pkg:    ".", Tests: slotTests,
 	},
@@ -291,8 +291,8 @@ var catalog = []mutation{
 	{
 		Name:   "batch-waits-for-token",
 		File:   "renewer_batch.go",
-		Old:    "!batched[bk] && k.lease.tryLock()",
-		New:    "!batched[bk] && k.lease.lock(context.Background()) == nil",
+		Old:    "!twice && k.lease.tryLock()",
+		New:    "!twice && k.lease.lock(context.Background()) == nil",
 		Breaks: "The renewer loop waits, holding its lock, for the write token of a lease with a write in flight, so a hung write freezes every keeper.",
 		Pkg:    ".", Tests: coreTests, Env: simEnv, Timeout: 90 * time.Second,
 	},
@@ -358,7 +358,7 @@ var catalog = []mutation{
 	{
 		Name:   "batch-renews-two-leases-of-a-run",
 		File:   "renewer_batch.go",
-		Old:    "batched[bk] = true",
+		Old:    "batched[bk] = struct{}{}",
 		New:    "_ = bk",
 		Breaks: "A Renewer batches two Leases of one run (a re-entry's) into one MetaCASMany, which the store refuses whole: every renewal of the batch fails on a healthy store.",
 		Pkg:    ".", Tests: []string{"TestRenewerBatchesOneLeaseOfARun"},
