@@ -287,7 +287,7 @@ func (l *Lease) takeBack(ctx context.Context, fault error, fence uint64, lin *li
 		return fault
 	}
 	l.fence, l.lineage, l.seen, l.untilMS, l.sentMS = fence, lin, row, untilMS, untilMS
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), takeBackTimeout)
+	cctx, cancel := cleanupContext(ctx, takeBackTimeout)
 	defer cancel()
 	if l.Release(cctx) != nil {
 		return fault

@@ -187,7 +187,7 @@ func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, comm
 	if err != nil {
 		// One bound for both: the call returns within leaveTimeout of the
 		// end of its context, whatever the store does meanwhile.
-		cleanup, cancel := cleanupContext(ctx)
+		cleanup, cancel := cleanupContext(ctx, leaveTimeout)
 		w.leave(cleanup)
 		w.freePending(cleanup)
 		cancel()
@@ -431,11 +431,12 @@ func (w *waiter) trusted(held []*heldSlot) bool {
 	return true
 }
 
-// cleanupContext returns the context of a waiter's clean-up after ctx may
-// have ended: ctx's values, and at most leaveTimeout. Callers pass it down
-// rather than each making their own, so that the bound holds for them all.
-func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
+// cleanupContext returns the context of a clean-up after ctx may have
+// ended: ctx's values, and at most bound (leaveTimeout for a waiter,
+// takeBackTimeout for an acquisition). Callers pass it down rather than
+// each making their own, so that the bound holds for them all.
+func cleanupContext(ctx context.Context, bound time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), bound)
 }
 
 // aloneInQueue fails with an [*AlreadyQueuedError] when another call
@@ -470,7 +471,7 @@ func (w *waiter) admitSlotBySlot(ctx context.Context, plans [][]slotCandidate, m
 	}
 	held := s.held
 	s.held = nil
-	cleanup, cancel := cleanupContext(ctx)
+	cleanup, cancel := cleanupContext(ctx, leaveTimeout)
 	w.leave(cleanup)
 	cancel()
 	for i := range mops {
