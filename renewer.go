@@ -36,7 +36,7 @@ type Renewer struct {
 // batch that renews several leases in one call.
 type job struct {
 	cancel   context.CancelFunc // cuts a job of its own short
-	done     chan struct{}      // closed when the job has returned
+	done     chan struct{}      // closed when the job has returned; nil in a batch, which nobody waits for
 	batch    *batchJob          // the batch it belongs to, or nil
 	detached bool               // its keeper ended: it no longer counts in batch.live
 	timeLeft time.Duration      // trust left when it was dispatched
@@ -205,7 +205,7 @@ func (r *Renewer) loop(wake <-chan struct{}, done chan struct{}) {
 			return
 		}
 		now := time.Now()
-		if wait := first.Sub(now); wait > 0 && !first.IsZero() {
+		if wait := first.Sub(now); wait > 0 { // first is zero for "at once"
 			r.mu.Unlock()
 			timer.Reset(wait)
 			select {

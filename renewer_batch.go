@@ -121,12 +121,14 @@ func (r *Renewer) startBatchLocked(m MultiCASer, group []dueLease, now time.Time
 	r.batches[b] = struct{}{}
 	// A batch's jobs have no done channel: nobody waits for one (Stop
 	// waits only for a renewal of the keeper's own).
-	jobs := make([]job, len(group))
+	backing := make([]job, len(group))
+	jobs := make([]*job, len(group))
 	leases := make([]*Lease, len(group))
 	keepers := make([]*Keeper, len(group))
 	for i, dl := range group {
-		jobs[i] = job{batch: b, timeLeft: deadline.Sub(now)}
-		dl.k.leaseJob, leases[i], keepers[i] = &jobs[i], dl.k.lease, dl.k
+		backing[i] = job{batch: b, timeLeft: deadline.Sub(now)}
+		jobs[i] = &backing[i]
+		dl.k.leaseJob, leases[i], keepers[i] = jobs[i], dl.k.lease, dl.k
 	}
 	r.jobs.Add(1)
 	go func() {
@@ -147,11 +149,7 @@ func (r *Renewer) startBatchLocked(m MultiCASer, group []dueLease, now time.Time
 		r.mu.Lock()
 		delete(r.batches, b)
 		r.mu.Unlock()
-		done := make([]*job, len(jobs))
-		for i := range jobs {
-			done[i] = &jobs[i]
-		}
-		r.finishLeases(keepers, done, start, errs)
+		r.finishLeases(keepers, jobs, start, errs)
 	}()
 }
 
