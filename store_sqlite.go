@@ -31,6 +31,9 @@ const (
 	sqliteScan      = `SELECT key, value FROM runlease_meta WHERE key >= ? AND key < ? ORDER BY key`
 	sqliteScanOpen  = `SELECT key, value FROM runlease_meta WHERE key >= ? ORDER BY key`
 	sqliteBusyMilli = 10000
+
+	sqliteReadConns     = 4 // reading connections of a store opened to write
+	sqliteReadOnlyConns = 2 // reading connections of a read-only store
 )
 
 // errLocked is what lockFile returns when another opener holds the lock.
@@ -43,7 +46,13 @@ var errLocked = errors.New("locked")
 //
 // All writes go through one connection, so writers in this process queue in
 // Go rather than meet SQLITE_BUSY; reads use a small pool of their own and do
-// not wait for writes. Every write is durable when it returns
+// not wait for writes. A read waits for a free reading connection in Go,
+// where its context can end the wait, and then runs to its end without a
+// watcher on its context (one would cost more than the read: a goroutine
+// and a progress handler per statement): it checks the context before it
+// starts and between the rows of a scan, but does not interrupt SQLite
+// within one step, nor in a wait for another process's recovery of the
+// file (at most the busy timeout, 10 s). Every write is durable when it returns
 // (synchronous=FULL). Writes that arrive from concurrent goroutines while a
 // commit is in flight share the next transaction and its one sync to disk
 // (group commit): each is still checked and applied in its order of arrival,
@@ -59,8 +68,13 @@ type SQLiteStore struct {
 	subs   subscribers
 	closed atomic.Bool // set once Close began; read without the gate's lock
 	gate   callGate
-	group  groupQueue   // writes waiting for the next group commit
-	hooks  *sqliteHooks // nil but in tests
+	// readers holds a token for each read in flight, one per reading
+	// connection, so that a read never waits inside database/sql's pool,
+	// where its context would need a watcher. nil when r == w (:memory:):
+	// reads then share the writing connection and run on their context.
+	readers chan struct{}
+	group   groupQueue   // writes waiting for the next group commit
+	hooks   *sqliteHooks // nil but in tests
 
 	// oneTxPerCall, set only by tests and benchmarks before the store is
 	// used, commits every write in a transaction of its own, as a baseline.
@@ -95,7 +109,7 @@ func OpenSQLite(path string) (*SQLiteStore, error) {
 		if err != nil {
 			return nil, err
 		}
-		return newSQLiteStore(path, db, db)
+		return newSQLiteStore(path, db, db, 0)
 	}
 	abs, err := canonicalPath(path)
 	if err != nil {
@@ -120,13 +134,13 @@ func OpenSQLite(path string) (*SQLiteStore, error) {
 		unlock()
 		return nil, err
 	}
-	r, err := openSQLiteDB(uri, true, 4)
+	r, err := openSQLiteDB(uri, true, sqliteReadConns)
 	if err != nil {
 		w.Close()
 		unlock()
 		return nil, err
 	}
-	s, err := newSQLiteStore(path, w, r)
+	s, err := newSQLiteStore(path, w, r, sqliteReadConns)
 	if err != nil {
 		unlock()
 		return nil, err
@@ -158,11 +172,11 @@ func OpenSQLiteReadOnly(path string) (*SQLiteStore, error) {
 	if err := checkLinks(fi); err != nil {
 		return nil, invalidArg("path", "%q: %v", path, err)
 	}
-	r, err := openSQLiteDB("file:"+(&url.URL{Path: abs}).EscapedPath(), true, 2)
+	r, err := openSQLiteDB("file:"+(&url.URL{Path: abs}).EscapedPath(), true, sqliteReadOnlyConns)
 	if err != nil {
 		return nil, err
 	}
-	return newSQLiteStore(path, nil, r)
+	return newSQLiteStore(path, nil, r, sqliteReadOnlyConns)
 }
 
 // openSQLiteDB opens a handle on uri with at most conns connections. Every
@@ -187,10 +201,14 @@ func openSQLiteDB(uri string, readOnly bool, conns int) (*sql.DB, error) {
 	return db, nil
 }
 
-// newSQLiteStore makes the store on w and r, or closes them on failure. The
-// caller sets the locks, and releases them on failure.
-func newSQLiteStore(path string, w, r *sql.DB) (*SQLiteStore, error) {
+// newSQLiteStore makes the store on w and r, whose pool holds readConns
+// connections (0 when r == w), or closes them on failure. The caller sets
+// the locks, and releases them on failure.
+func newSQLiteStore(path string, w, r *sql.DB, readConns int) (*SQLiteStore, error) {
 	s := &SQLiteStore{path: path, w: w, r: r}
+	if readConns > 0 {
+		s.readers = make(chan struct{}, readConns)
+	}
 	ctx := context.Background()
 	if w != nil {
 		if _, err := w.ExecContext(ctx, sqliteSchema); err != nil {
@@ -234,8 +252,13 @@ func (s *SQLiteStore) MetaGet(ctx context.Context, key string) (string, bool, er
 	if err := s.check(key); err != nil {
 		return "", false, err
 	}
+	rctx, err := s.startRead(ctx, "MetaGet", key)
+	if err != nil {
+		return "", false, err
+	}
+	defer s.endRead()
 	var v string
-	err := s.stmts.get.QueryRowContext(ctx, key).Scan(&v)
+	err = s.stmts.get.QueryRowContext(rctx, key).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", false, nil
 	}
@@ -336,12 +359,16 @@ func (s *SQLiteStore) MetaScan(ctx context.Context, prefix string) ([]Row, error
 	if err := CheckPrefix(prefix); err != nil {
 		return nil, err
 	}
+	rctx, err := s.startRead(ctx, "MetaScan", prefix)
+	if err != nil {
+		return nil, err
+	}
+	defer s.endRead()
 	var rows *sql.Rows
-	var err error
 	if end, ok := PrefixEnd(prefix); ok {
-		rows, err = s.stmts.scan.QueryContext(ctx, prefix, end)
+		rows, err = s.stmts.scan.QueryContext(rctx, prefix, end)
 	} else {
-		rows, err = s.stmts.scanOpen.QueryContext(ctx, prefix)
+		rows, err = s.stmts.scanOpen.QueryContext(rctx, prefix)
 	}
 	if err != nil {
 		return nil, s.fault("MetaScan", prefix, err)
@@ -349,6 +376,17 @@ func (s *SQLiteStore) MetaScan(ctx context.Context, prefix string) ([]Row, error
 	defer rows.Close()
 	var out []Row
 	for rows.Next() {
+		if s.hooks != nil && s.hooks.scanned != nil {
+			s.hooks.scanned(len(out) + 1)
+		}
+		// SQLite does not watch ctx (see startRead): a long scan ends
+		// here, between rows, once it has ended.
+		if err := ctx.Err(); err != nil {
+			return nil, &StorageError{Op: "MetaScan", Key: prefix, Err: err}
+		}
+		if out == nil {
+			out = make([]Row, 0, 8)
+		}
 		var r Row
 		if err := rows.Scan(&r.Key, &r.Value); err != nil {
 			return nil, s.fault("MetaScan", prefix, err)
@@ -376,6 +414,39 @@ func (s *SQLiteStore) MetaScanMany(ctx context.Context, prefixes []string) ([][]
 		out[i] = rows
 	}
 	return out, nil
+}
+
+// startRead admits a read once a reading connection is free, and returns
+// the context to run its statement on; the caller calls endRead when its
+// rows are closed. A read that has started is not interrupted: its
+// statements run on a context that never ends, since database/sql and the
+// driver would each start a goroutine per statement to watch one that can.
+// What ctx still bounds is the wait for a connection, which is the only
+// wait of a read in this process; the caller checks it between rows.
+func (s *SQLiteStore) startRead(ctx context.Context, op, key string) (context.Context, error) {
+	if s.readers == nil {
+		return ctx, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, &StorageError{Op: op, Key: key, Err: err}
+	}
+	select {
+	case s.readers <- struct{}{}:
+	default:
+		select {
+		case s.readers <- struct{}{}:
+		case <-ctx.Done():
+			return nil, &StorageError{Op: op, Key: key, Err: ctx.Err()}
+		}
+	}
+	return context.Background(), nil
+}
+
+// endRead ends a read that startRead admitted.
+func (s *SQLiteStore) endRead() {
+	if s.readers != nil {
+		<-s.readers
+	}
 }
 
 // check validates the key of a call that enter admitted.

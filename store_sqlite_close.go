@@ -17,12 +17,14 @@ type callGate struct {
 }
 
 // sqliteHooks are called, when set by a test, as calls enter and leave the
-// gate, as Close begins to wait, and as a leader has run a group of n
-// writes (committed or failed; n is 1 for a write committed alone).
+// gate, as Close begins to wait, as a leader has run a group of n writes
+// (committed or failed; n is 1 for a write committed alone), and as a scan
+// has read its nth row (from 1).
 type sqliteHooks struct {
 	entered, exited func(op string)
 	closing         func()
 	committed       func(n int)
+	scanned         func(n int)
 }
 
 // enter admits a call of op, or refuses it with ErrStoreClosed once Close

@@ -224,6 +224,14 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestAReusedDecodeJudgesAsADecodeOfItsOwn", "TestAReusedDecodeStillFindsACorruptEntry"},
 	},
 	{
+		Name:   "sqlite-scan-ignores-its-context",
+		File:   "store_sqlite.go",
+		Old:    "		if err := ctx.Err(); err != nil {\n			return nil, &StorageError{Op: \"MetaScan\"",
+		New:    "		if err := ctx.Err(); false && err != nil {\n			return nil, &StorageError{Op: \"MetaScan\"",
+		Breaks: "A SQLite scan, which runs without a watcher on its context, reads every row of its prefix however long ago its context ended.",
+		Pkg:    ".", Tests: []string{"TestSQLiteScanEndsBetweenRowsWhenItsContextEnds"},
+	},
+	{
 		Name:   "expiry-reads-not-shared",
 		File:   "queue_room.go",
 		Old:    "if r.expiryTick != 0 && r.expiryMS >= atMS {",
