@@ -83,7 +83,12 @@ func lineageOf(store Store, key, holder string, fence uint64) *lineage {
 	lineages.mu.Lock()
 	defer lineages.mu.Unlock()
 	if len(lineages.pins) > 0 {
-		if now := time.Now(); now.After(lineages.nextSweep) {
+		// Due, or the clock went back past the last sweep: never in a
+		// process, whose readings compare on the monotonic clock, but in
+		// each new testing/synctest bubble, whose clock starts over (pins
+		// of earlier bubbles would otherwise pile up until it caught up).
+		// Only pins whose time has passed go either way.
+		if now := time.Now(); now.After(lineages.nextSweep) || now.Before(lineages.nextSweep.Add(-pinSlack)) {
 			for c, until := range lineages.pins {
 				if now.After(until) {
 					delete(lineages.pins, c)

@@ -94,6 +94,7 @@ func Run(mode Mode, seed uint64, api API, mon *Monitor) *Report {
 		w.event()
 	}
 	w.teardown()
+	w.store.detach() // see detach: the library outlives the schedule
 	return &Report{Mode: mode.Name, Seed: seed, Violations: w.violations, Trace: mon.Lines(),
 		Elapsed: time.Since(w.start), Ops: len(w.ops)}
 }

@@ -83,6 +83,28 @@ func newStore(seed uint64, w watcher, trace func(string, ...any)) *Store {
 		cut: map[int]bool{}}
 }
 
+// detach cuts the store off from its schedule once the schedule is over:
+// a call that still comes is neither watched nor traced, and the call logs,
+// which only the checkers read, are dropped. The library keeps Store values
+// in process-wide maps after the schedule (its lineages by run, holder and
+// fence, keyed by the Store value and held until their Leases are
+// unreachable; its memo of released rows): a store that still referred to
+// its World would keep, through the World's Leases, its own lineages alive,
+// and with them the whole schedule, for the life of the test binary.
+func (s *Store) detach() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.watch = detached{}
+	s.trace = func(string, ...any) {}
+	s.logs = map[int][]callRecord{}
+}
+
+// detached is the watcher of a store whose schedule is over.
+type detached struct{}
+
+func (detached) applied(string, *string, *string, time.Time, int)      {}
+func (detached) batching([]runlease.Op, time.Time, int, time.Duration) {}
+
 // ClockNow is the store's clock: the bubble's clock plus the steps taken.
 func (s *Store) ClockNow() (time.Time, time.Duration) {
 	s.mu.Lock()
@@ -169,10 +191,10 @@ func (s *Store) finishRec(ctx context.Context, rec callRecord, after func(*callR
 	if o == Deaf {
 		s.mu.Lock()
 		x, _ := s.dec.draw("delay "+op, key)
-		stall := s.stall
+		stall, trace := s.stall, s.trace // trace under the mutex: see detach
 		s.mu.Unlock()
 		rec.delay = stall/2 + time.Duration(x*float64(stall))
-		s.trace("  %s %s → deaf to its context for %s", op, key, fmtDur(rec.delay))
+		trace("  %s %s → deaf to its context for %s", op, key, fmtDur(rec.delay))
 		select {
 		case <-time.After(rec.delay):
 		case <-s.heal:
@@ -182,13 +204,13 @@ func (s *Store) finishRec(ctx context.Context, rec callRecord, after func(*callR
 	if o == Slow || o == Stall {
 		s.mu.Lock()
 		x, _ := s.dec.draw("delay "+op, key)
-		stall := s.stall
+		stall, trace := s.stall, s.trace // trace under the mutex: see detach
 		s.mu.Unlock()
 		rec.delay = time.Duration(20+x*600) * time.Millisecond
 		if o == Stall {
 			rec.delay = stall + time.Duration(x*float64(stall))
 			o = Slow
-			s.trace("  %s %s → stall for %s", op, key, fmtDur(rec.delay))
+			trace("  %s %s → stall for %s", op, key, fmtDur(rec.delay))
 		}
 		select {
 		case <-time.After(rec.delay):
