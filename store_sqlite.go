@@ -212,8 +212,7 @@ func newSQLiteStore(path string, w, r *sql.DB, readConns int) (*SQLiteStore, err
 	ctx := context.Background()
 	if w != nil {
 		if _, err := w.ExecContext(ctx, sqliteSchema); err != nil {
-			s.Close()
-			return nil, s.fault("OpenSQLite", path, err)
+			return nil, s.failOpen(err)
 		}
 	}
 	var err error
@@ -234,10 +233,18 @@ func newSQLiteStore(path string, w, r *sql.DB, readConns int) (*SQLiteStore, err
 		scanOpen: prepare(r, sqliteScanOpen),
 	}
 	if err != nil {
-		s.Close()
-		return nil, s.fault("OpenSQLite", path, err)
+		return nil, s.failOpen(err)
 	}
 	return s, nil
+}
+
+// failOpen closes a store whose opening failed with err, and returns err
+// classified. It classifies first: once closed, the store would report an
+// error that is not SQLite's as ErrStoreClosed.
+func (s *SQLiteStore) failOpen(err error) error {
+	f := s.fault("OpenSQLite", s.path, err)
+	s.Close()
+	return f
 }
 
 // Path returns the path the store was opened with.
