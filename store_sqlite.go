@@ -83,6 +83,9 @@ type SQLiteStore struct {
 
 type sqliteStmts struct {
 	get, insert, update, del, scan, scanOpen *sql.Stmt
+	// A group commit's savepoints, prepared once rather than parsed for
+	// every write of every group.
+	savepoint, release, undo *sql.Stmt
 }
 
 // OpenSQLite opens (creating if needed) the embedded store at path, or a
@@ -231,6 +234,10 @@ func newSQLiteStore(path string, w, r *sql.DB, readConns int) (*SQLiteStore, err
 		del:      prepare(w, sqliteDelete),
 		scan:     prepare(r, sqliteScan),
 		scanOpen: prepare(r, sqliteScanOpen),
+
+		savepoint: prepare(w, sqliteSavepoint),
+		release:   prepare(w, sqliteRelease),
+		undo:      prepare(w, sqliteUndo),
 	}
 	if err != nil {
 		return nil, s.failOpen(err)

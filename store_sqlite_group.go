@@ -76,8 +76,9 @@ type groupQueue struct {
 
 // sqliteTx is a group's transaction and the statements prepared on it.
 type sqliteTx struct {
-	tx                  *sql.Tx
-	insert, update, del *sql.Stmt
+	tx                       *sql.Tx
+	insert, update, del      *sql.Stmt
+	savepoint, release, undo *sql.Stmt
 }
 
 // write runs c, alone or in a group commit, and returns its result once the
@@ -316,19 +317,20 @@ func (s *SQLiteStore) beginGroup(group []*groupCall) (tx *sql.Tx, end func(), er
 // group must be rolled back whole.
 func (s *SQLiteStore) runInGroup(stx *sqliteTx, g *groupCall) (abort bool, err error) {
 	ctx := context.Background()
-	if _, err := stx.tx.ExecContext(ctx, sqliteSavepoint); err != nil {
+	release := stx.stmt(&stx.release, s.stmts.release)
+	if _, err := stx.stmt(&stx.savepoint, s.stmts.savepoint).ExecContext(ctx); err != nil {
 		return true, err
 	}
 	if err = g.inTx(stx, g); err == nil {
-		if _, err := stx.tx.ExecContext(ctx, sqliteRelease); err != nil {
+		if _, err := release.ExecContext(ctx); err != nil {
 			return true, err
 		}
 		return false, nil
 	}
-	if _, uerr := stx.tx.ExecContext(ctx, sqliteUndo); uerr != nil {
+	if _, uerr := stx.stmt(&stx.undo, s.stmts.undo).ExecContext(ctx); uerr != nil {
 		return true, err
 	}
-	if _, rerr := stx.tx.ExecContext(ctx, sqliteRelease); rerr != nil {
+	if _, rerr := release.ExecContext(ctx); rerr != nil {
 		return true, err
 	}
 	// Its changes are taken back and will never commit: not applied,

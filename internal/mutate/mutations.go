@@ -232,6 +232,14 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestSQLiteScanEndsBetweenRowsWhenItsContextEnds"},
 	},
 	{
+		Name:   "group-write-without-savepoint",
+		File:   "store_sqlite_group.go",
+		Old:    "	release := stx.stmt(&stx.release, s.stmts.release)\n",
+		New:    "	if true {\n		return false, g.inTx(stx, g)\n	}\n	release := stx.stmt(&stx.release, s.stmts.release)\n",
+		Breaks: "A write in a group commit runs without a savepoint of its own: one that fails midway leaves its first statements in the transaction, which commits them with the others, and a failure that rolled the transaction back goes unnoticed.",
+		Pkg:    ".", Tests: []string{"TestSQLiteGroupAdversaryOneFailedStatementFailsItsGroup", "TestSQLiteGroupAdversaryRollbackInsideGroup", "TestSQLiteGroupAdversaryFullInOneStatementWrite", "TestSQLiteGroupCommit"},
+	},
+	{
 		Name:   "expiry-reads-not-shared",
 		File:   "queue_room.go",
 		Old:    "if r.expiryTick != 0 && r.expiryMS >= atMS {",
