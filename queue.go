@@ -193,16 +193,48 @@ func scanQueueReusing(rows []Row, scope string, nowMS int64, all map[string]stri
 	if len(out) == 0 {
 		out = nil // no entry: nil, not empty
 	}
-	slices.SortFunc(out, func(a, b queuedRow) int {
-		if a.e.before(&b.e) {
+	sortQueue(out)
+	return out, next, nil
+}
+
+// sortQueue sorts q in rank order. It sorts indices and then moves each
+// entry once: entries are large, and a sort that swapped them would copy
+// each of them about log n times (with write barriers, for their strings).
+func sortQueue(q []queuedRow) {
+	if len(q) < 2 {
+		return
+	}
+	idx := make([]int32, len(q))
+	for i := range idx {
+		idx[i] = int32(i)
+	}
+	slices.SortFunc(idx, func(a, b int32) int {
+		switch {
+		case q[a].e.before(&q[b].e):
 			return -1
-		}
-		if b.e.before(&a.e) {
+		case q[b].e.before(&q[a].e):
 			return 1
 		}
 		return 0
 	})
-	return out, next, nil
+	// Position j takes the entry at idx[j]. Each cycle of the permutation
+	// is followed once, from its first position; a position filled is
+	// marked -1.
+	for i := range q {
+		if idx[i] < 0 {
+			continue
+		}
+		first, j := q[i], i
+		for {
+			k := int(idx[j])
+			idx[j] = -1
+			if k == i {
+				q[j] = first
+				break
+			}
+			q[j], j = q[k], k
+		}
+	}
 }
 
 // rankOf returns the fair-share tag a new entry of the run gets in queues
