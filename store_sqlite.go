@@ -444,16 +444,22 @@ func (s *SQLiteStore) startRead(ctx context.Context, op, key string) (context.Co
 	if err := ctx.Err(); err != nil {
 		return nil, &StorageError{Op: op, Key: key, Err: err}
 	}
+	// A free connection is taken without asking ctx for its Done channel,
+	// which a context makes on the first call.
 	select {
 	case s.readers <- struct{}{}:
+		return context.Background(), nil
 	default:
-		select {
-		case s.readers <- struct{}{}:
-		case <-ctx.Done():
-			return nil, &StorageError{Op: op, Key: key, Err: ctx.Err()}
-		}
 	}
-	return context.Background(), nil
+	if s.hooks != nil && s.hooks.waiting != nil {
+		s.hooks.waiting(op)
+	}
+	select {
+	case s.readers <- struct{}{}:
+		return context.Background(), nil
+	case <-ctx.Done():
+		return nil, &StorageError{Op: op, Key: key, Err: ctx.Err()}
+	}
 }
 
 // endRead ends a read that startRead admitted.

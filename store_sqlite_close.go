@@ -18,12 +18,14 @@ type callGate struct {
 
 // sqliteHooks are called, when set by a test, as calls enter and leave the
 // gate, as Close begins to wait, as a leader has run a group of n writes
-// (committed or failed; n is 1 for a write committed alone), and as a scan
-// has read its nth row (from 1).
+// (committed or failed; n is 1 for a write committed alone), as a read of
+// op finds every reading connection taken and is about to wait, and as a
+// scan has read its nth row (from 1).
 type sqliteHooks struct {
 	entered, exited func(op string)
 	closing         func()
 	committed       func(n int)
+	waiting         func(op string)
 	scanned         func(n int)
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -18,16 +17,13 @@ import (
 // "r/", and a read-only store on the same file.
 func openReadTestStore(t *testing.T, n int) (*SQLiteStore, *SQLiteStore) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "runs.db")
-	s, err := OpenSQLite(path)
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
+	s := roomSQLite(t)
 	for i := range n {
 		ok, err := s.MetaCAS(t.Context(), fmt.Sprintf("r/%04d", i), nil, "v")
 		require.NoError(t, err)
 		require.True(t, ok)
 	}
-	ro, err := OpenSQLiteReadOnly(path)
+	ro, err := OpenSQLiteReadOnly(s.Path())
 	require.NoError(t, err)
 	t.Cleanup(func() { ro.Close() })
 	return s, ro
@@ -60,26 +56,37 @@ func TestSQLiteReadWaitingForAConnectionEndsWithItsContext(t *testing.T) {
 			},
 		}
 		for name, read := range reads {
-			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+			// The context ends while the read waits.
+			ctx, cancel := context.WithCancel(t.Context())
+			var waited []string
+			st.hooks = &sqliteHooks{waiting: func(op string) {
+				waited = append(waited, op)
+				cancel()
+			}}
 			err := read(ctx)
 			cancel()
+			require.Equal(t, []string{name}, waited, "%s with every reading connection taken did not wait", name)
 			var se *StorageError
 			require.ErrorAs(t, err, &se, "%s with every reading connection taken", name)
-			assert.ErrorIs(t, err, context.DeadlineExceeded, name)
+			assert.ErrorIs(t, err, context.Canceled, name)
 			assert.False(t, se.Unknown, "%s: a read changes nothing", name)
 			assert.Equal(t, name, se.Op)
 
 			// Freed while the read waits, a connection lets it through.
+			waiting := make(chan struct{})
+			st.hooks = &sqliteHooks{waiting: func(string) { close(waiting) }}
 			done := make(chan error, 1)
 			go func() { done <- read(t.Context()) }()
+			<-waiting
 			select {
 			case err := <-done:
 				t.Fatalf("%s returned (%v) with every reading connection taken", name, err)
-			case <-time.After(20 * time.Millisecond):
+			default:
 			}
 			<-st.readers
 			require.NoError(t, <-done, name)
 			st.readers <- struct{}{}
+			st.hooks = nil
 		}
 		for range cap(st.readers) {
 			<-st.readers

@@ -232,6 +232,15 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestSQLiteScanEndsBetweenRowsWhenItsContextEnds"},
 	},
 	{
+		Name:   "sqlite-read-wait-ignores-its-context",
+		File:   "store_sqlite.go",
+		Old:    "	case <-ctx.Done():\n		return nil, &StorageError{Op: op, Key: key, Err: ctx.Err()}\n	}\n}",
+		New:    "	}\n}",
+		Breaks: "A SQLite read that finds every reading connection taken waits for one however long ago its context ended.",
+		Pkg:    ".", Tests: []string{"TestSQLiteReadWaitingForAConnectionEndsWithItsContext"},
+		Timeout: 30 * time.Second,
+	},
+	{
 		Name:   "group-write-without-savepoint",
 		File:   "store_sqlite_group.go",
 		Old:    "	release := stx.stmt(&stx.release, s.stmts.release)\n",
