@@ -3,6 +3,7 @@ package runlease
 import (
 	"runtime"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -96,4 +97,39 @@ func TestLineageLivesWhileReferencedOrPinned(t *testing.T) {
 	lineages.mu.Unlock()
 	lineageOf(s, key, "A", 4) // sweeps
 	require.True(t, gone(3), "a pin ends once its row has expired")
+}
+
+// The pins' sweep runs once the clock passes the last sweep's time, and
+// also when the clock went back past it: each testing/synctest bubble's
+// clock starts over, and pins made in one whose clock had run far would
+// otherwise keep every later bubble's pins until its clock caught up.
+// Either way only pins whose time has passed go.
+func TestLineagePinsAreSweptAfterTheClockWentBack(t *testing.T) {
+	// Not parallel: it reads and sweeps the process-wide pins.
+	s := lineageStore{id: 5}
+	var late, early *lineage
+	synctest.Test(t, func(t *testing.T) {
+		time.Sleep(time.Minute)
+		late = &lineage{}
+		late.pin(time.Now(), time.Now().Add(time.Hour).UnixMilli())
+		time.Sleep(2 * pinSlack)
+		lineageOf(s, "runlease:late", "A", 1) // sweeps; the next is due a minute in
+	})
+	t.Cleanup(func() {
+		lineages.mu.Lock()
+		delete(lineages.pins, late)
+		lineages.mu.Unlock()
+	})
+	synctest.Test(t, func(t *testing.T) {
+		early = &lineage{}
+		early.pin(time.Now(), time.Now().UnixMilli())
+		time.Sleep(2 * pinSlack)
+		lineageOf(s, "runlease:early", "A", 1) // a minute before the last sweep
+		lineages.mu.Lock()
+		_, earlyKept := lineages.pins[early]
+		_, lateKept := lineages.pins[late]
+		lineages.mu.Unlock()
+		assert.False(t, earlyKept, "a pin whose time has passed stays after the clock went back")
+		assert.True(t, lateKept, "a pin whose time has not come went")
+	})
 }

@@ -241,6 +241,14 @@ var catalog = []mutation{
 		Timeout: 30 * time.Second,
 	},
 	{
+		Name:   "pin-sweep-waits-for-the-clock",
+		File:   "lineage.go",
+		Old:    "now.After(lineages.nextSweep) || now.Before(lineages.nextSweep.Add(-pinSlack))",
+		New:    "now.After(lineages.nextSweep)",
+		Breaks: "After the clock went back past the last sweep (each synctest bubble's clock starts over), lineages pinned for writes of unknown outcome are kept until the clock catches up, so a long test binary's memory grows with every schedule.",
+		Pkg:    ".", Tests: []string{"TestLineagePinsAreSweptAfterTheClockWentBack"},
+	},
+	{
 		Name:   "group-write-without-savepoint",
 		File:   "store_sqlite_group.go",
 		Old:    "	release := stx.stmt(&stx.release, s.stmts.release)\n",
