@@ -283,7 +283,8 @@ const takeBackTimeout = 500 * time.Millisecond
 // left blocked for a TTL: the fault is then one that changed nothing. A
 // write that lands after the release was tried stays unknown.
 func (l *Lease) takeBack(ctx context.Context, fault error, fence uint64, lin *lineage, row string, untilMS int64) error {
-	if ctx.Err() == nil {
+	cerr := ctxEnded(ctx)
+	if cerr == nil {
 		return fault
 	}
 	l.fence, l.lineage, l.seen, l.untilMS, l.sentMS = fence, lin, row, untilMS, untilMS
@@ -292,7 +293,27 @@ func (l *Lease) takeBack(ctx context.Context, fault error, fence uint64, lin *li
 	if l.Release(cctx) != nil {
 		return fault
 	}
-	return &StorageError{Op: "MetaCAS", Key: l.key, Err: ctx.Err()}
+	return &StorageError{Op: "MetaCAS", Key: l.key, Err: cerr}
+}
+
+// ctxEnded returns ctx's error, or [context.DeadlineExceeded] once ctx's
+// deadline has passed though ctx does not say so yet. A deadline ends a
+// context through a timer whose callback runs on a goroutine of its own, so
+// a store call that returns at the deadline can find ctx.Err() still nil,
+// and find it set a moment later. A caller whose deadline passed during the
+// call is owed the context's error all the same, and a write of unknown
+// outcome taken back, as surely as when the timer had been quicker; the
+// context package itself judges a deadline at or before now as passed.
+// Only the decisions that turn on whether the caller has gone use this;
+// they are all on paths that already failed.
+func ctxEnded(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // sleepCtx waits for d or the end of ctx, whose error it returns.

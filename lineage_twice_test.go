@@ -289,3 +289,38 @@ func TestAcquireCutShortByItsContextReleasesWhatItWrote(t *testing.T) {
 		})
 	}
 }
+
+// deadlinePassed is a context whose deadline has passed while the timer
+// that ends it has not run yet: Err is still nil and Done still open, as a
+// context's are between its deadline and its timer's goroutine.
+type deadlinePassed struct{ context.Context }
+
+func (deadlinePassed) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// TestAcquireWaitWhoseDeadlinePassedBeforeItsTimerRan: a store call
+// returns at the caller's deadline, before the context's timer has said
+// so. The acquisition's write landed with its reply lost and the read-back
+// failed, so its outcome is unknown; the caller's deadline has passed all
+// the same. AcquireWait must treat the call as cut short by it: release
+// the row it may have written, and return the deadline's error, exactly as
+// when the timer had run first (TestTwiceAcquireWaitContextEndReleasesALandedWrite).
+// The simulation found this as a deadline and a store reply due at one
+// instant (seed 3046).
+func TestAcquireWaitWhoseDeadlinePassedBeforeItsTimerRan(t *testing.T) {
+	t.Parallel()
+	f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+	f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS"), Then: func() { f.FailReads(1) }})
+	ctx := deadlinePassed{t.Context()}
+	l, err := runlease.AcquireWait(ctx, f, "r1", "A", runlease.WithClock(clk.Now))
+	require.Nil(t, l)
+	require.Equal(t, context.DeadlineExceeded, err)
+	require.Contains(t, get(t, f, "runlease:r1"), `"holder":""`, "the row written is released")
+
+	// Acquire says the same, as a fault that changed nothing.
+	f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS"), Then: func() { f.FailReads(1) }})
+	l, err = runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now))
+	require.Nil(t, l)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.False(t, runlease.IsOutcomeUnknown(err), "%v", err)
+	require.Contains(t, get(t, f, "runlease:r1"), `"holder":""`, "the row written is released")
+}

@@ -229,3 +229,22 @@ func TestQueueAdversaryASecondCallOfAWaitingRunIsRefused(t *testing.T) {
 	default:
 	}
 }
+
+// A wait whose read fails as its deadline passes, before the context's
+// timer has said so, returns the deadline's error itself, as when the timer
+// had run first (deadlinePassed: lineage_twice_test.go), and leaves no entry.
+func TestQueueAdversaryDeadlinePassedBeforeItsTimerRan(t *testing.T) {
+	t.Parallel()
+	base := newSQLite(t)
+	f := &testkit.Faulty{Store: base}
+	a := runlease.NamedScope("a", 1)
+	_, err := runlease.ClaimSlots(t.Context(), base, "holder", []runlease.Scope{a}, runlease.WithTTL(time.Hour))
+	require.NoError(t, err)
+	before := libRows(t, base)
+
+	f.FailReads(1)
+	_, err = runlease.ClaimSlotsWait(deadlinePassed{t.Context()}, f, "r", []runlease.Scope{a}, runlease.WithWaitPoll(runlease.MinWaitPoll))
+	require.Equal(t, context.DeadlineExceeded, err)
+	assert.Empty(t, queueRows(t, base))
+	assert.Equal(t, before, libRows(t, base))
+}

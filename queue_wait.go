@@ -46,9 +46,10 @@ func deleteRinging(ctx context.Context, s Store, key, expected, scope string) (b
 // ClaimSlotsWait is [ClaimSlots] that waits its turn: when the run cannot
 // be admitted in every scope at once, it queues in each and returns once it
 // holds the units it asked for in all of them, all or nothing, or returns
-// ctx's error itself when ctx ends first, after taking its place out of
-// the queues (a place it could not take out, because the store failed or
-// the process died, expires after the TTL).
+// ctx's error itself when ctx ends first (a deadline that has passed
+// counts, even before ctx's timer has said so), after taking its place out
+// of the queues (a place it could not take out, because the store failed
+// or the process died, expires after the TTL).
 //
 // Order, the same on every store: a higher priority ([WithPriority]) is
 // admitted first; among equal priorities, principals share the scopes by
@@ -191,8 +192,8 @@ func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, comm
 		w.leave(cleanup)
 		w.freePending(cleanup)
 		cancel()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		if cerr := ctxEnded(ctx); cerr != nil {
+			return nil, cerr
 		}
 		return nil, err
 	}

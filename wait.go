@@ -61,12 +61,13 @@ func WithWaitPoll(d time.Duration) Option {
 //
 // It returns the lease, or the first error other than a live lease held
 // elsewhere, or — when ctx ends first, even during a store call — ctx's
-// error itself (not a library error). An acquisition whose outcome the end
-// of ctx left unknown is released as Acquire describes; only a write that
-// lands after that release was tried, or one the store would not let it
-// release, stays in holder's name: it expires after the TTL, and
-// AcquireWait or Acquire by the same holder re-enters it. It takes the
-// options of Acquire, and WithWaitPoll.
+// error itself (not a library error); a deadline that has passed counts as
+// the end of ctx even before ctx's timer has said so. An acquisition whose
+// outcome the end of ctx left unknown is released as Acquire describes;
+// only a write that lands after that release was tried, or one the store
+// would not let it release, stays in holder's name: it expires after the
+// TTL, and AcquireWait or Acquire by the same holder re-enters it. It takes
+// the options of Acquire, and WithWaitPoll.
 func AcquireWait(ctx context.Context, store Store, runID, holder string, opts ...Option) (*Lease, error) {
 	o, err := buildOptions(store, opts, optsWait, "AcquireWait")
 	if err != nil {
@@ -84,8 +85,10 @@ func AcquireWait(ctx context.Context, store Store, runID, holder string, opts ..
 		// over that), so a woken waiter takes over in two round trips, or
 		// one.
 		l, err := acquireWith(ctx, store, runID, holder, o, tryCreate, known)
-		if err != nil && ctx.Err() != nil {
-			return nil, ctx.Err()
+		if err != nil {
+			if cerr := ctxEnded(ctx); cerr != nil {
+				return nil, cerr
+			}
 		}
 		var lost *LeaseLostError
 		if !errors.As(err, &lost) || !errors.Is(err, ErrTakenOver) {

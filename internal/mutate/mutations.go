@@ -210,7 +210,7 @@ var catalog = []mutation{
 	{
 		Name:   "acquire-cut-short-keeps-its-row",
 		File:   "lease.go",
-		Old:    "	if ctx.Err() == nil {\n		return fault\n	}\n	l.fence, l.lineage",
+		Old:    "	if cerr == nil {\n		return fault\n	}\n	l.fence, l.lineage",
 		New:    "	if true {\n		return fault\n	}\n	l.fence, l.lineage",
 		Breaks: "An acquisition whose context ends while its write's outcome is unknown leaves the row it wrote: the run stays blocked in the holder's name for a TTL though the caller never received the lease.",
 		Pkg:    ".", Tests: []string{"TestTwiceAcquireWaitContextEndReleasesALandedWrite", "TestAcquireCutShortByItsContextReleasesWhatItWrote"},
@@ -239,6 +239,14 @@ var catalog = []mutation{
 		Breaks: "A SQLite read that finds every reading connection taken waits for one however long ago its context ended.",
 		Pkg:    ".", Tests: []string{"TestSQLiteReadWaitingForAConnectionEndsWithItsContext"},
 		Timeout: 30 * time.Second,
+	},
+	{
+		Name:   "deadline-passed-is-not-the-end",
+		File:   "lease.go",
+		Old:    "	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {\n		return context.DeadlineExceeded\n	}\n",
+		New:    "",
+		Breaks: "A store call that returns at the caller's deadline, before the context's timer has run, is judged with the caller still there: AcquireWait and ClaimSlotsWait return a fault instead of the deadline's error, and an acquisition of unknown outcome is not taken back, so the run stays blocked for a TTL in the name of a caller that has gone.",
+		Pkg:    ".", Tests: []string{"TestAcquireWaitWhoseDeadlinePassedBeforeItsTimerRan", "TestQueueAdversaryDeadlinePassedBeforeItsTimerRan"},
 	},
 	{
 		Name:   "pin-sweep-waits-for-the-clock",
@@ -538,7 +546,7 @@ var catalog = []mutation{
 	{
 		Name:   "acquirewait-wraps-ctx-error",
 		File:   "wait.go",
-		Old:    "\t\tif err != nil && ctx.Err() != nil {\n\t\t\treturn nil, ctx.Err()\n\t\t}\n",
+		Old:    "\t\tif err != nil {\n\t\t\tif cerr := ctxEnded(ctx); cerr != nil {\n\t\t\t\treturn nil, cerr\n\t\t\t}\n\t\t}\n",
 		New:    "",
 		Breaks: "AcquireWait whose context ends during a store call returns a storage error instead of the context's error itself.",
 		Pkg:    ".", Tests: []string{"TestAcquireWait", "TestAcquireWaitReturnsTheContextsErrorDuringAStoreCall", "TestAcquireWaitDoesNotSpinOnALeaseCenturiesAway", "TestSimulation", "TestSimulationModes"},
