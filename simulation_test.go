@@ -38,7 +38,10 @@ import (
 //   - fences never go backwards.
 //
 // A failure names its seed; RUNLEASE_SIM_SEED=N replays that one schedule
-// with its trace. RUNLEASE_SIM_SCHEDULES sets how many run (default 10,000,
+// with its trace. The seed fixes the schedule's draws, not the order in
+// which goroutines woken at one instant run, so a failure that turns on
+// that order shows in some replays only: repeat them with -count.
+// RUNLEASE_SIM_SCHEDULES sets how many run (default 10,000,
 // or 2,000 under the race detector); the seeds in testdata/sim/seeds.txt always
 // run.
 func TestSimulation(t *testing.T) {
@@ -121,7 +124,8 @@ func runSchedule(t *testing.T, seed uint64, verbose bool) (ok bool) {
 			}
 			if len(w.violations) > 0 {
 				ok = false
-				t.Errorf("seed %d: %s\nreplay: RUNLEASE_SIM_SEED=%d go test -run 'TestSimulation' -v .",
+				t.Errorf("seed %d: %s\nreplay: RUNLEASE_SIM_SEED=%d go test -run 'TestSimulation' -v .\n"+
+					"(if that replay passes, the order of goroutines woken at one instant matters: add -count=1000)",
 					seed, strings.Join(w.violations, "\n"), seed)
 			}
 		})
