@@ -248,3 +248,36 @@ func TestQueueAdversaryDeadlinePassedBeforeItsTimerRan(t *testing.T) {
 	assert.Empty(t, queueRows(t, base))
 	assert.Equal(t, before, libRows(t, base))
 }
+
+// A wait that cannot be admitted, whose deadline has passed while the
+// context's timer has not said so, returns the deadline's error instead of
+// queueing, as AcquireWait does on a run held elsewhere; one that can be
+// admitted at once is, as AcquireWait takes a free run.
+func TestQueueAdversaryDeadlinePassedEndsTheWaitBeforeItQueues(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	a := runlease.NamedScope("a", 1)
+	first, err := runlease.ClaimSlots(t.Context(), s, "holder", []runlease.Scope{a}, runlease.WithTTL(time.Hour))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := runlease.ClaimSlotsWait(deadlinePassed{ctx}, s, "r", []runlease.Scope{a}, runlease.WithWaitPoll(runlease.MinWaitPoll))
+		done <- err
+	}()
+	var werr error
+	select {
+	case werr = <-done:
+	case <-time.After(30 * time.Second): // a guard against a hang, not a timing
+		cancel()
+		t.Fatalf("a wait whose deadline had passed queued and waited; cancelled, it returned %v", <-done)
+	}
+	require.Equal(t, context.DeadlineExceeded, werr)
+	assert.Empty(t, queueRows(t, s), "it wrote no entry")
+
+	require.NoError(t, first.Release(t.Context()))
+	sl, err := runlease.ClaimSlotsWait(deadlinePassed{t.Context()}, s, "r", []runlease.Scope{a})
+	require.NoError(t, err, "a free slot is taken, as by AcquireWait")
+	require.NoError(t, sl.Release(t.Context()))
+}

@@ -254,6 +254,12 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 				return nil, err
 			}
 		}
+		// Not admitted: a deadline that has passed ends the wait here,
+		// before it queues or sleeps, as AcquireWait's does after a
+		// refusal, though ctx's timer has not said so yet (ctxEnded).
+		if err := ctxEnded(ctx); err != nil {
+			return nil, err
+		}
 		if err := w.keepPlace(ctx, states, rank); err != nil {
 			if errors.Is(err, ErrConditionFailed) || retryableFault(ctx, err) {
 				if err := claimBackoff(ctx, try, "MetaBatch"); err != nil {

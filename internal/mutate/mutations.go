@@ -249,6 +249,14 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestAcquireWaitWhoseDeadlinePassedBeforeItsTimerRan", "TestQueueAdversaryDeadlinePassedBeforeItsTimerRan"},
 	},
 	{
+		Name:   "wait-queues-past-its-deadline",
+		File:   "queue_wait.go",
+		Old:    "		if err := ctxEnded(ctx); err != nil {\n			return nil, err\n		}\n		if err := w.keepPlace(",
+		New:    "		if err := w.keepPlace(",
+		Breaks: "A ClaimSlotsWait that cannot be admitted, whose deadline has passed before its context's timer said so, queues and sleeps instead of returning the deadline's error as AcquireWait does.",
+		Pkg:    ".", Tests: []string{"TestQueueAdversaryDeadlinePassedEndsTheWaitBeforeItQueues"},
+	},
+	{
 		Name:   "pin-sweep-waits-for-the-clock",
 		File:   "lineage.go",
 		Old:    "now.After(lineages.nextSweep) || now.Before(lineages.nextSweep.Add(-pinSlack))",
