@@ -16,6 +16,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -138,6 +139,10 @@ func (t *loggedTxn) Commit() (*clientv3.TxnResponse, error) {
 	return resp, err
 }
 
+// scriptedPrefixes numbers the scripted stores' prefixes, so that each is
+// fresh under -count=N too, on a cluster that keeps the rows of runs before.
+var scriptedPrefixes atomic.Int64
+
 // scriptedStore returns a store on a fresh prefix of c that reads through a
 // scriptedKV, with pages of 2 rows and generation 1 written, and a plain
 // client of c for the test's own writes.
@@ -151,7 +156,7 @@ func scriptedStore(t *testing.T, c *etcdtest.Cluster) (*Store, *scriptedKV, *cli
 	t.Cleanup(func() { raw.Close() })
 	kv := &scriptedKV{KV: client.KV}
 	client.KV = kv // before New, so every read of the store goes through kv
-	s, err := New(client, WithPrefix("test/"+t.Name()+"/"), WithScanPage(2))
+	s, err := New(client, WithPrefix(fmt.Sprintf("test/%s/%d/", t.Name(), scriptedPrefixes.Add(1))), WithScanPage(2))
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	writeGeneration(t, raw, s.Prefix(), 1)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 var (
 	cluster    *etcdtest.Cluster
 	clusterErr error
+	prefixes   atomic.Int64
 )
 
 func TestMain(m *testing.M) {
@@ -68,7 +70,9 @@ func seeded(t *testing.T) (endpoints, prefix string) {
 	if cluster == nil {
 		t.Skipf("no etcd cluster (set CI=true to make this a failure): %v", clusterErr)
 	}
-	prefix = "cli/" + strings.ReplaceAll(t.Name(), "/", "_") + "/"
+	// A prefix of its own each time, so that -count=N runs on a cluster
+	// that still holds the rows of the runs before.
+	prefix = fmt.Sprintf("cli/%s/%d/", strings.ReplaceAll(t.Name(), "/", "_"), prefixes.Add(1))
 	s, err := etcdstore.Open(t.Context(), cluster.Endpoints(), etcdstore.WithPrefix(prefix))
 	require.NoError(t, err)
 	defer s.Close()
