@@ -95,14 +95,27 @@ func (w *World) entryPlaced(key, value string) {
 	w.places[key] = placed{waiter: e.Waiter, tag: e.Tag, at: time.Now()}
 }
 
-// planned returns when an operation last read the store before now: the
-// instant its plan was made. The store's mutex is held.
-func (w *World) planned(opID int, now time.Time) time.Time {
-	at := now
+// planned returns when an operation read the entries of scope's queue that
+// its plan ranked it among: its last read of that queue before now, or,
+// when it read the queue through no call of its own, its last read of the
+// store. A read of a scope is a scan per prefix, one after the other on a
+// store without MultiScanner; a scan after the queue's (the fair-share
+// marks') may stall for seconds, and entries placed meanwhile were not in
+// the plan, so they are not ranked ahead of it (two that overlap are in no
+// promised order). The store's mutex is held.
+func (w *World) planned(opID int, scope string, now time.Time) time.Time {
+	at, queueAt := now, time.Time{}
+	qp := queuePrefix(scope)
 	for _, c := range w.store.logs[opID] {
 		if (c.op == "MetaScan" || c.op == "MetaGet") && (c.outcome == OK || c.outcome == Slow) {
 			at = c.at
+			if c.key == qp {
+				queueAt = c.at
+			}
 		}
+	}
+	if !queueAt.IsZero() {
+		return queueAt
 	}
 	return at
 }
@@ -177,7 +190,7 @@ func (w *World) batching(ops []runlease.Op, at time.Time, opID int, took time.Du
 				mine = &queue[i]
 			}
 		}
-		plan := w.planned(opID, time.Now())
+		plan := w.planned(opID, scope, time.Now())
 		for _, e := range queue {
 			if e.Run == run || e.Principal != rk.principal || e.Priority != rk.priority || (mine != nil && !e.before(*mine)) {
 				continue
