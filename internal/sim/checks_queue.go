@@ -75,11 +75,18 @@ func liveEntries(rows []runlease.Row, scope string, now time.Time) []entry {
 }
 
 // placed is when an entry took the place it holds: its waiter's first
-// write of that rank.
+// write of that rank. A waiter that lost its place (its entry lapsed while a
+// read stalled) and queues again writes a new enqueue time, though its
+// waiter and, often, its tag are the same: that is a new place.
 type placed struct {
 	waiter string
 	tag    int64
+	enqMS  int64
 	at     time.Time
+}
+
+func (p placed) holds(e entry) bool {
+	return p.waiter == e.Waiter && p.tag == e.Tag && p.enqMS == e.EnqMS
 }
 
 // entryPlaced records when the entry written at key took its place. w.mu
@@ -89,10 +96,10 @@ func (w *World) entryPlaced(key, value string) {
 	if json.Unmarshal([]byte(value), &e) != nil {
 		return
 	}
-	if p, ok := w.places[key]; ok && p.waiter == e.Waiter && p.tag == e.Tag {
+	if p, ok := w.places[key]; ok && p.holds(e) {
 		return
 	}
-	w.places[key] = placed{waiter: e.Waiter, tag: e.Tag, at: time.Now()}
+	w.places[key] = placed{waiter: e.Waiter, tag: e.Tag, enqMS: e.EnqMS, at: time.Now()}
 }
 
 // planned returns when an operation read the entries of scope's queue that
@@ -200,7 +207,7 @@ func (w *World) batching(ops []runlease.Op, at time.Time, opID int, took time.Du
 			w.mu.Lock()
 			p, ok := w.places[e.Key]
 			w.mu.Unlock()
-			if !ok || p.waiter != e.Waiter || p.tag != e.Tag || !p.at.Before(plan) {
+			if !ok || !p.holds(e) || !p.at.Before(plan) {
 				continue
 			}
 			need := max(e.Units-holders[e.Run], 0)
