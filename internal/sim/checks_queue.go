@@ -103,28 +103,30 @@ func (w *World) entryPlaced(key, value string) {
 }
 
 // planned returns when an operation read the entries of scope's queue that
-// its plan ranked it among: its last read of that queue before now, or,
-// when it read the queue through no call of its own, its last read of the
-// store. A read of a scope is a scan per prefix, one after the other on a
-// store without MultiScanner; a scan after the queue's (the fair-share
-// marks') may stall for seconds, and entries placed meanwhile were not in
-// the plan, so they are not ranked ahead of it (two that overlap are in no
+// its plan ranked it among, by the bubble's clock and by the store's: its
+// last read of that queue before now, or, when it read the queue through no
+// call of its own, its last read of the store (and the store's clock now).
+// A read of a scope is a scan per prefix, one after the other on a store
+// without MultiScanner; a scan after the queue's (the fair-share marks')
+// may stall for seconds, and entries placed meanwhile were not in the
+// plan, so they are not ranked ahead of it (two that overlap are in no
 // promised order). The store's mutex is held.
-func (w *World) planned(opID int, scope string, now time.Time) time.Time {
-	at, queueAt := now, time.Time{}
+func (w *World) planned(opID int, scope string, now, storeNow time.Time) (at, storeAt time.Time) {
+	at, storeAt = now, storeNow
+	var queueAt, queueStoreAt time.Time
 	qp := queuePrefix(scope)
 	for _, c := range w.store.logs[opID] {
 		if (c.op == "MetaScan" || c.op == "MetaGet") && (c.outcome == OK || c.outcome == Slow) {
 			at = c.at
 			if c.key == qp {
-				queueAt = c.at
+				queueAt, queueStoreAt = c.at, c.storeAt
 			}
 		}
 	}
 	if !queueAt.IsZero() {
-		return queueAt
+		return queueAt, queueStoreAt
 	}
-	return at
+	return at, storeAt
 }
 
 func (w *World) limitOf(scope string) int {
@@ -197,9 +199,15 @@ func (w *World) batching(ops []runlease.Op, at time.Time, opID int, took time.Du
 				mine = &queue[i]
 			}
 		}
-		plan := w.planned(opID, scope, time.Now())
+		plan, planStore := w.planned(opID, scope, time.Now(), at)
 		for _, e := range queue {
 			if e.Run == run || e.Principal != rk.principal || e.Priority != rk.priority || (mine != nil && !e.before(*mine)) {
+				continue
+			}
+			if !e.live(planStore) {
+				// It had lapsed when the claim read the queue, by the
+				// clock that judges expiry, and lost its place; live
+				// again now only because that clock stepped back.
 				continue
 			}
 			// Only an entry placed before the claim read the store ranks

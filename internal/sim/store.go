@@ -46,6 +46,7 @@ type callRecord struct {
 	found    bool
 	delay    time.Duration // how long a Slow call waits
 	at       time.Time     // when it returned, by the bubble's clock
+	storeAt  time.Time     // when it returned, by the store's clock
 }
 
 // Store is an in-memory runlease store whose every call's outcome is chosen
@@ -252,7 +253,7 @@ func (s *Store) finishRec(ctx context.Context, rec callRecord, after func(*callR
 	if after != nil {
 		after(&rec)
 	}
-	rec.at = time.Now()
+	rec.at, rec.storeAt = time.Now(), s.nowLocked()
 	s.logs[opOf(ctx)] = append(s.logs[opOf(ctx)], rec)
 	if o != OK {
 		s.trace("  %s %s → %s", op, key, o)
