@@ -52,6 +52,14 @@ func get(t *testing.T, s runlease.Store, key string) string {
 	return v
 }
 
+// deadlinePassed is a context whose deadline has passed while the timer
+// that ends it has not run yet: Err is still nil and Done still open, as a
+// context's are between its deadline and its timer's goroutine. Shared by
+// the tests of AcquireWait and ClaimSlotsWait at their deadline.
+type deadlinePassed struct{ context.Context }
+
+func (deadlinePassed) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
 func TestLease(t *testing.T) {
 	t.Parallel()
 	ttl := runlease.WithTTL(60 * time.Second)

@@ -290,13 +290,6 @@ func TestAcquireCutShortByItsContextReleasesWhatItWrote(t *testing.T) {
 	}
 }
 
-// deadlinePassed is a context whose deadline has passed while the timer
-// that ends it has not run yet: Err is still nil and Done still open, as a
-// context's are between its deadline and its timer's goroutine.
-type deadlinePassed struct{ context.Context }
-
-func (deadlinePassed) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
-
 // TestAcquireWaitWhoseDeadlinePassedBeforeItsTimerRan: a store call
 // returns at the caller's deadline, before the context's timer has said
 // so. The acquisition's write landed with its reply lost and the read-back
