@@ -56,9 +56,10 @@ func leaseInfo(runID, raw string, nowMS int64) LeaseInfo {
 // the holder is unchanged, [ErrTakenOver] otherwise).
 //
 // A row that is absent or corrupt is refused with [ErrInvalidArgument]: a
-// corrupt row needs a person to look at it, not a tombstone.
+// corrupt row needs a person to look at it, not a tombstone. ForceRelease
+// takes one option, [WithClock], which dates the tombstone.
 func ForceRelease(ctx context.Context, store Store, info LeaseInfo, opts ...Option) error {
-	_, err := ForceReleaseOutcome(ctx, store, info, opts...)
+	_, err := forceRelease(ctx, store, info, opts, "ForceRelease")
 	if errors.Is(err, errReleasedByEither) {
 		return nil
 	}
@@ -76,7 +77,13 @@ func ForceRelease(ctx context.Context, store Store, info LeaseInfo, opts ...Opti
 // [ErrOutcomeUnknown], and ForceRelease returns nil, since the lease is
 // released either way.
 func ForceReleaseOutcome(ctx context.Context, store Store, info LeaseInfo, opts ...Option) (wrote bool, err error) {
-	o, err := buildOptions(store, opts, optsRead, "ForceRelease")
+	return forceRelease(ctx, store, info, opts, "ForceReleaseOutcome")
+}
+
+// forceRelease is ForceReleaseOutcome, refusing the options that fn, the
+// call made, does not take.
+func forceRelease(ctx context.Context, store Store, info LeaseInfo, opts []Option, fn string) (bool, error) {
+	o, err := buildOptions(store, opts, optsRead, fn)
 	if err != nil {
 		return false, err
 	}
@@ -182,11 +189,11 @@ func (p Pruned) Len() int { return len(p.Leases) + len(p.Slots) + len(p.Queue) }
 // fences no outside system still checks. A [Lease] value from before the
 // prune is never confused with the new acquisition, even one by its own
 // holder at the same fence (see CONCURRENCY.md, rule 5). olderThan must not
-// be negative.
+// be negative. Prune takes one option, [WithClock], which says when now is.
 func Prune(ctx context.Context, store Store, olderThan time.Duration, opts ...Option) (Pruned, error) {
 	var p Pruned
 	var errs []error
-	err := prunable(ctx, store, olderThan, opts, func(r Row) {
+	err := prunable(ctx, store, olderThan, opts, "Prune", func(r Row) {
 		ok, err := deleteResolved(ctx, store, r.Key, r.Value)
 		switch {
 		case err != nil:
@@ -209,14 +216,15 @@ func Prune(ctx context.Context, store Store, olderThan time.Duration, opts ...Op
 // faults.
 func PruneCandidates(ctx context.Context, store Store, olderThan time.Duration, opts ...Option) (Pruned, error) {
 	var p Pruned
-	err := prunable(ctx, store, olderThan, opts, func(r Row) { p.add(r.Key) })
+	err := prunable(ctx, store, olderThan, opts, "PruneCandidates", func(r Row) { p.add(r.Key) })
 	return p, err
 }
 
 // prunable calls visit with every row that Prune removes: rows that parse,
-// hold no live lease, and expired before now - olderThan.
-func prunable(ctx context.Context, store Store, olderThan time.Duration, opts []Option, visit func(Row)) error {
-	o, err := buildOptions(store, opts, optsRead, "Prune")
+// hold no live lease, and expired before now - olderThan. fn names the
+// call made, for the options it refuses.
+func prunable(ctx context.Context, store Store, olderThan time.Duration, opts []Option, fn string, visit func(Row)) error {
+	o, err := buildOptions(store, opts, optsRead, fn)
 	if err != nil {
 		return err
 	}

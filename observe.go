@@ -89,11 +89,16 @@ type SlotLossEvent struct {
 // WithHooks sets callbacks for metrics: [Acquire] reports to Acquired, and a
 // [Keeper] started on the lease reports renewals and losses (unless its own
 // options set other hooks).
+//
+// [Acquire], [AcquireWait], [ClaimSlots], [ClaimSlotsWait] and [Keep] take
+// it. [Lease.ClaimSlots] and [Lease.ClaimSlotsWait] report to the hooks the
+// lease was acquired with and refuse it, as the calls that report to no
+// hook ([Peek], [Leases], [Occupancy], …) do, with [ErrInvalidArgument].
 func WithHooks(h Hooks) Option {
 	// One copy per option value, shared by every lease and keeper made
 	// with it: a process keeping many leases pays for a pointer each.
 	p := &h
-	return func(o *options) { o.hooks = p }
+	return func(o *options) { o.hooks, o.set = p, o.set|optHooks }
 }
 
 // noHooks stands for hooks never given.
@@ -109,9 +114,10 @@ func hooksOr(h *Hooks) *Hooks {
 
 // WithLogger sets the logger to which a [Keeper] reports renewal faults
 // (Debug) and losses (Warn), and [ClaimSlots] reports hosts that disagree
-// on a scope's limit (Warn). The default logs nothing.
+// on a scope's limit (Warn). The default logs nothing. The calls that take
+// [WithHooks] take it, and the others refuse it, in the same way.
 func WithLogger(l *slog.Logger) Option {
-	return func(o *options) { o.logger = l }
+	return func(o *options) { o.logger, o.set = l, o.set|optLogger }
 }
 
 // discard is the logger used when none is given.
