@@ -34,7 +34,9 @@ import (
 // earlier row of this lease's own, the batch did not land and never will,
 // and Write sends it again. If the read finds another holder's row, the
 // writes may have landed just before the takeover: the error then matches
-// both [ErrLeaseLost] and [ErrOutcomeUnknown].
+// both [ErrLeaseLost] and [ErrOutcomeUnknown]. Once [Lease.Release] has
+// been called, Write fails with [ErrReleased] at once and writes nothing,
+// without asking the store, even when that release failed.
 //
 // A run's checkpoint, written only while the run is still this driver's:
 //

@@ -29,10 +29,13 @@ const maxAdopt = 4
 // TTL, or released — and from then on every call fails the same way without
 // touching the store: that is the moment the driver must stop advancing the
 // run. A storage fault is returned as is and leaves the lease as it was, so
-// Renew may be retried. A fault is never reported as a loss: when a write's
-// outcome is unknown, or the row is not the one expected, Renew reads it back,
-// and a row of this lease's own (this holder at this fence: an earlier write
-// whose reply was lost) is adopted and written over.
+// Renew may be retried. Once [Lease.Release] has been called, Renew fails
+// with [ErrReleased] at once, without asking the store, even when that
+// release failed and the row is still held. A fault is never reported as a
+// loss: when a write's outcome is unknown, or the row is not the one
+// expected, Renew reads it back, and a row of this lease's own (this holder
+// at this fence: an earlier write whose reply was lost) is adopted and
+// written over.
 //
 // When ctx ends, Renew returns a fault matching ctx's error, or, when ctx is
 // a [Keeper]'s work context that ended with the keeper, the keeper's cause.
@@ -48,14 +51,20 @@ func (l *Lease) Renew(ctx context.Context) error {
 // Release is conditional on the row this lease last wrote: a driver whose
 // lease was taken over leaves the new holder's lease untouched and gets a
 // [*LeaseLostError]. Releasing a released lease (by this holder or by an
-// operator) does nothing and succeeds. On a storage fault the lease is
-// unchanged and Release may be retried; a lease that is never released
-// expires after its TTL.
+// operator) does nothing and succeeds.
 //
 // Release first stops the lease's keepers (with [ErrKeeperStopped]), and from
 // then on the lease can only be released: Renew, Write and Keep fail with
-// [ErrReleased], even when the release itself failed, because a lease being
-// given up must not be trusted while the outcome of its release is in doubt.
+// [ErrReleased] at once, without asking the store, even when the release
+// itself failed, because a lease being given up must not be trusted while
+// the outcome of its release is in doubt. So on a storage fault the row may
+// still be held (or, when the fault's outcome is unknown, released), and
+// only Release may follow: retry it, or let the row expire after its TTL.
+// A retried Release whose earlier attempt landed (its reply was lost)
+// succeeds, unless another holder took the run in between: it then finds
+// that holder's row, cannot tell that its own release landed before, and
+// returns a [*LeaseLostError] ([ErrTakenOver]) although the lease was
+// released. Either way the run is no longer this driver's.
 func (l *Lease) Release(ctx context.Context) error {
 	if l.isReleased() {
 		return nil

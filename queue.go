@@ -283,12 +283,14 @@ func rankIn(states []*scopeState, runID, principal string, priority int) int64 {
 }
 
 // FairPrefix starts the rows that remember, per scope, where each
-// principal's last queued run ends in fair-share virtual time:
+// principal's last admitted run finishes in fair-share virtual time:
 // runfair:<n>:<scope>:<principal>, with n the scope name's length, holding
 // {"finish":N,"until_ms":N}. A principal whose runs are admitted at once
 // and who queues again does not start over at the head: its next run
-// starts where its last one finished. A mark is written when a run
-// queues, and lapses a TTL later.
+// starts where its last one finished. A mark moves only when a waiter of
+// [ClaimSlotsWait] is admitted, and lapses a TTL later: a run that queues
+// writes no mark, and a wait that ends without admission leaves the marks
+// as they were.
 const FairPrefix = "runfair:"
 
 type fairMark struct {
