@@ -35,7 +35,7 @@ type Renewer struct {
 // job is one renewal in flight for a keeper: alone, or as a member of a
 // batch that renews several leases in one call.
 type job struct {
-	cancel   context.CancelFunc // cuts a job of its own short
+	cancel   context.CancelFunc // cuts a job of its own, or a batch member renewing alone, short
 	done     chan struct{}      // closed when the job has returned; nil in a batch, which nobody waits for
 	batch    *batchJob          // the batch it belongs to, or nil
 	detached bool               // its keeper ended: it no longer counts in batch.live
@@ -428,6 +428,9 @@ func (r *Renewer) detachLocked(j *job) {
 		j.cancel()
 	default:
 		j.detached = true
+		if j.cancel != nil { // a member renewing alone, after the batch
+			j.cancel()
+		}
 		if j.batch.live--; j.batch.live == 0 {
 			j.batch.cancel()
 		}

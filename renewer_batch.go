@@ -13,10 +13,8 @@ const maxRenewBatch = 512
 // dispatchLocked starts the renewals that are due: the leases of one store
 // that can renew many at once ([MultiCASer]) together, in chunks of up to
 // maxRenewBatch, and every other lease, and every set of slots, alone. A
-// batch takes each lease's write token without waiting, under r.mu: a lease
-// with a write in flight (a fenced Write, say) renews alone, on a goroutine
-// that waits for the token, so no batch ever waits for a token while
-// holding another. r.mu is held.
+// batch takes no write token here: it takes them once it has a place among
+// the renewals in flight (runBatch). r.mu is held.
 func (r *Renewer) dispatchLocked(now time.Time, d *dueRenewals) {
 	if r.sem == nil {
 		r.sem = make(chan struct{}, maxInFlight)
@@ -37,7 +35,7 @@ func (r *Renewer) dispatchLocked(now time.Time, d *dueRenewals) {
 		s := k.lease.store
 		bk := batchedKey{s, k.lease.key}
 		if _, ok := s.(MultiCASer); ok && keyable(s) {
-			if _, twice := batched[bk]; !twice && k.lease.tryLock() {
+			if _, twice := batched[bk]; !twice {
 				if groups[s] == nil {
 					stores = append(stores, s)
 				}
@@ -54,7 +52,6 @@ func (r *Renewer) dispatchLocked(now time.Time, d *dueRenewals) {
 			chunk := group[:min(len(group), maxRenewBatch)]
 			group = group[len(chunk):]
 			if len(chunk) == 1 {
-				chunk[0].k.lease.unlock()
 				singles = append(singles, chunk[0].k)
 				continue
 			}
@@ -107,10 +104,17 @@ func (r *Renewer) startLeaseLocked(k *Keeper, now time.Time, slots bool) {
 	}()
 }
 
-// startBatchLocked starts renewing the leases of group, whose write tokens
-// it holds, in one call. The call is bounded by the earliest trust window of
-// the group, and cut short once every keeper of the group has ended. r.mu is
-// held.
+// batchMember is one lease of a batched renewal.
+type batchMember struct {
+	k        *Keeper
+	j        *job      // its keeper's job: a member of the batch
+	trustEnd time.Time // its keeper's trust window end, as the look found it
+	observed time.Time // the lease's trustFrom then: a write landed since renewed it
+}
+
+// startBatchLocked starts renewing the leases of group in one call. The call
+// is bounded by the earliest trust window of the group, and cut short once
+// every keeper of the group has ended. r.mu is held.
 func (r *Renewer) startBatchLocked(m MultiCASer, group []dueLease, now time.Time) {
 	deadline := now.Add(time.Hour)
 	for _, dl := range group {
@@ -122,34 +126,83 @@ func (r *Renewer) startBatchLocked(m MultiCASer, group []dueLease, now time.Time
 	// A batch's jobs have no done channel: nobody waits for one (Stop
 	// waits only for a renewal of the keeper's own).
 	backing := make([]job, len(group))
-	jobs := make([]*job, len(group))
-	leases := make([]*Lease, len(group))
-	keepers := make([]*Keeper, len(group))
+	members := make([]batchMember, len(group))
 	for i, dl := range group {
-		backing[i] = job{batch: b, timeLeft: deadline.Sub(now)}
-		jobs[i] = &backing[i]
-		dl.k.leaseJob, leases[i], keepers[i] = jobs[i], dl.k.lease, dl.k
+		backing[i] = job{batch: b, timeLeft: dl.trustEnd.Sub(now)}
+		dl.k.leaseJob = &backing[i]
+		members[i] = batchMember{k: dl.k, j: &backing[i], trustEnd: dl.trustEnd, observed: dl.k.lease.state().trustFrom}
 	}
 	r.jobs.Add(1)
 	go func() {
 		defer r.jobs.Done()
-		start := time.Now()
-		var errs []error
-		if err := r.takeSem(ctx); err != nil {
-			errs = make([]error, len(leases))
-			for i, l := range leases {
-				l.unlock()
-				errs[i] = err
-			}
-		} else {
-			errs = renewMany(ctx, m, leases)
+		r.runBatch(ctx, m, b, members)
+	}()
+}
+
+// runBatch renews the leases of members, batch b, in one call on ctx.
+//
+// It takes its place among the renewals in flight before it takes any
+// lease's write token, so a batch waiting for a place holds no lease: a
+// Release or a fenced Write of a member goes ahead meanwhile. Each member's
+// token is given back, and its outcome recorded (its keeper rescheduled, its
+// trust window moved on), as soon as the batched call's reply tells it. A
+// member the batch cannot settle (its token was busy, or the store refused
+// its write) renews alone, each on a goroutine of its own bounded by its own
+// keeper's trust window, so that one member's hung read-back or write holds
+// up no other member.
+func (r *Renewer) runBatch(ctx context.Context, m MultiCASer, b *batchJob, members []batchMember) {
+	start := time.Now()
+	errs := make([]error, len(members))
+	var alone []bool
+	if err := r.takeSem(ctx); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+	} else {
+		alone = renewMany(ctx, m, members, errs)
+		<-r.sem
+	}
+	b.cancel()
+	r.mu.Lock()
+	delete(r.batches, b)
+	r.mu.Unlock()
+	keepers := make([]*Keeper, 0, len(members))
+	jobs := make([]*job, 0, len(members))
+	settled := make([]error, 0, len(members))
+	for i, mb := range members {
+		if alone != nil && alone[i] {
+			r.renewAlone(mb, start)
+			continue
+		}
+		keepers, jobs, settled = append(keepers, mb.k), append(jobs, mb.j), append(settled, errs[i])
+	}
+	r.finishLeases(keepers, jobs, start, settled)
+}
+
+// renewAlone renews the lease of mb, a member of a batch that could not
+// settle it, as a lease renewed alone is: on a goroutine of its own, which
+// takes a place in flight, then the lease's write token, then renews it
+// unless a write landed since the batch was planned. It waits for each no
+// longer than its keeper's trust window, and is cut short when its keeper
+// ends.
+func (r *Renewer) renewAlone(mb batchMember, start time.Time) {
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(mb.k.parent), mb.trustEnd)
+	r.mu.Lock()
+	mb.j.cancel = cancel
+	if mb.j.detached {
+		cancel() // its keeper ended meanwhile
+	}
+	r.mu.Unlock()
+	r.jobs.Add(1) // the batch's goroutine is counted: r.jobs is not zero
+	go func() {
+		defer r.jobs.Done()
+		defer cancel()
+		err := r.takeSem(ctx)
+		if err == nil {
+			err = mb.k.lease.renewUnlessRenewed(ctx, mb.observed)
 			<-r.sem
 		}
-		cancel()
-		r.mu.Lock()
-		delete(r.batches, b)
-		r.mu.Unlock()
-		r.finishLeases(keepers, jobs, start, errs)
+		r.finishLease(mb.k, mb.j, start, err)
 	}()
 }
 
@@ -286,49 +339,64 @@ func (l *Lease) renewUnlessRenewed(ctx context.Context, observed time.Time) erro
 	return l.updateLocked(ctx, kindRenew, nil)
 }
 
-// renewMany renews leases, which share store m, are distinct, and whose
-// write tokens the caller holds, in one MetaCASMany call, and returns each
-// lease's outcome. It gives every token back. A lease whose write did not
-// apply is resolved on its own, as Renew would (it reads the row back, and
-// adopts a row of its own); a fault of the whole call leaves every lease as
-// it was, and its next write finds out what landed.
-func renewMany(ctx context.Context, m MultiCASer, leases []*Lease) []error {
-	defer func() {
-		for _, l := range leases {
-			l.unlock()
-		}
-	}()
+// renewMany renews the leases of members, which share store m and are
+// distinct, in one MetaCASMany call on ctx, and puts each lease's outcome in
+// errs. It takes each lease's write token without waiting, and gives it back
+// as soon as that lease's outcome is known, before it looks at the next
+// member's. It returns, by member, those it left to renew alone: a lease
+// whose token was busy (a write of it is in flight), and a lease whose write
+// the store refused, which must be resolved by reads and writes of that
+// lease alone (Renew would read the row back, and adopt a row of its own). A
+// lease a write renewed since the batch was planned is renewed already; a
+// fault of the whole call leaves every lease as it was, and its next write
+// finds out what landed.
+func renewMany(ctx context.Context, m MultiCASer, members []batchMember, errs []error) (alone []bool) {
 	type pending struct {
 		seen, next string
 		untilMS    int64
 	}
-	errs := make([]error, len(leases))
-	pend := make([]pending, len(leases))
-	writes := make([]CASWrite, 0, len(leases))
-	index := make([]int, 0, len(leases))
+	alone = make([]bool, len(members))
+	pend := make([]pending, len(members))
+	writes := make([]CASWrite, 0, len(members))
+	index := make([]int, 0, len(members))
 	// One start for the whole attempt, taken before any row is stamped:
 	// the leases of a batch then share their trust windows, and so their
 	// places in the Renewer's schedule (renewer_schedule.go).
 	start := time.Now()
-	for i, l := range leases {
-		l.mu.Lock()
-		if l.lost != nil {
-			errs[i] = l.lost
-			l.mu.Unlock()
+	for i, mb := range members {
+		l := mb.k.lease
+		if !l.tryLock() {
+			// Never wait for a token while holding others (CONCURRENCY.md,
+			// rule 3).
+			alone[i] = true
 			continue
 		}
-		pend[i].seen = l.seen
-		pend[i].next, pend[i].untilMS = l.nextRowLocked(kindRenew)
+		l.mu.Lock()
+		switch {
+		case l.lost != nil:
+			errs[i] = l.lost
+		case l.releasing:
+			errs[i] = l.errReleasing()
+		case !l.trustFrom.Equal(mb.observed):
+			// Renewed since the batch was planned (a fenced Write, or
+			// another keeper of the lease).
+		default:
+			pend[i].seen = l.seen
+			pend[i].next, pend[i].untilMS = l.nextRowLocked(kindRenew)
+			l.mu.Unlock()
+			writes = append(writes, CASWrite{Key: l.key, Expected: &pend[i].seen, Value: pend[i].next})
+			index = append(index, i)
+			continue
+		}
 		l.mu.Unlock()
-		writes = append(writes, CASWrite{Key: l.key, Expected: &pend[i].seen, Value: pend[i].next})
-		index = append(index, i)
+		l.unlock()
 	}
 	if len(writes) == 0 {
-		return errs
+		return alone
 	}
 	swapped, err := m.MetaCASMany(ctx, writes)
 	for j, i := range index {
-		l, p := leases[i], pend[i]
+		l, p := members[i].k.lease, pend[i]
 		switch {
 		case err != nil:
 			if IsOutcomeUnknown(err) {
@@ -338,8 +406,12 @@ func renewMany(ctx context.Context, m MultiCASer, leases []*Lease) []error {
 		case swapped[j]:
 			l.confirm(kindRenew, p.next, p.untilMS, start)
 		default:
-			errs[i] = l.updateLocked(ctx, kindRenew, nil)
+			// Refused, certainly not applied: the row is not the one the
+			// lease last saw. Nothing is in doubt, so the token may go
+			// back before the lease finds out why.
+			alone[i] = true
 		}
+		l.unlock()
 	}
-	return errs
+	return alone
 }
