@@ -148,6 +148,14 @@ var catalog = []mutation{
 		Breaks: "A Slots adopts (and Release deletes) a slot row written by another claim of the same run.",
 		Pkg:    ".", Tests: with(with(slotTests, sims...), "TestSlotsRowOfAnotherClaimOfTheRunIsNotAdopted"), Env: simEnv,
 	},
+	{
+		Name:   "plain-claim-ahead-of-ties",
+		File:   "slots_claim.go",
+		Old:    "Units: sc.Units(), EnqMS: math.MaxInt64,",
+		New:    "Units: sc.Units(), EnqMS: 0,",
+		Breaks: "A claim that does not wait, tying with a waiter of another principal on priority and fair-share tag, ranks ahead of it and takes the units it reserves.",
+		Pkg:    ".", Tests: []string{"TestAPlainClaimRanksBehindAWaiterItTiesWith", "TestAPlainClaimDoesNotJumpTheQueue"},
+	},
 
 	// Keepers and the renewer.
 	{
@@ -174,6 +182,15 @@ var catalog = []mutation{
 		New:    "case err == nil:",
 		Breaks: "A waiter whose admission landed, or was confirmed, after its trust window ended returns it as admitted, holding slots that are expiring or gone.",
 		Pkg:    ".", Tests: with(sims, "TestAnAdmissionConfirmedAfterItsTrustWindowIsGivenBack"), Env: simEnv,
+	},
+	{
+		Name:   "stalled-waiter-keeps-its-rank",
+		File:   "queue_wait.go",
+		Old:    "w.requeued(\"the waiter stalled past its TTL\")\n\t\trank = w.rank(states)\n",
+		New:    "w.requeued(\"the waiter stalled past its TTL\")\n",
+		Breaks: "A waiter found stalled past its TTL while the store still shows its entry writes its old fair-share tag and enqueue time again, keeping a place others may have judged expired, ahead of runs that queued meanwhile.",
+		Pkg:    ".", Tests: []string{"TestAWaiterFoundStalledWhileItsEntryIsVisibleQueuesAgainAtTheBack",
+			"TestAStalledWaiterQueuesAgainAtTheBack", "TestAWaiterStalledPastItsTTLGivesUpAPlaceTheStoreStillShows"},
 	},
 	{
 		Name:   "strict-keeper-unseen-while-slot-renewal-hangs",
@@ -327,6 +344,30 @@ var catalog = []mutation{
 		New:    "return end",
 		Breaks: "A keeper trusts its lease by its monotonic clock alone, even when the clock that judges expiry says the row is about to expire.",
 		Pkg:    ".", Tests: coreTests, Env: simEnv,
+	},
+	{
+		Name:   "trust-from-renewal-reply",
+		File:   "lease_write.go",
+		Old:    "if err == nil && ok {\n\t\t\tl.confirm(kind, next, untilMS, start)",
+		New:    "if err == nil && ok {\n\t\t\tl.confirm(kind, next, untilMS, start.Add(time.Since(start)))",
+		Breaks: "A renewal's trust window starts when its reply came back, not when it was sent, so a keeper whose replies come late trusts its lease past the moment a contender may take it.",
+		Pkg:    ".", Tests: with(keeperTests, "TestKeeperTrustStartsWhenTheLastWriteWasSent"),
+	},
+	{
+		Name:   "trust-from-batch-reply",
+		File:   "renewer_batch.go",
+		Old:    "l.confirm(kindRenew, p.next, p.untilMS, start)",
+		New:    "l.confirm(kindRenew, p.next, p.untilMS, start.Add(time.Since(start)))",
+		Breaks: "A batched renewal's trust window starts when the batch's reply came back, not when it was sent, so keepers whose replies come late trust their leases past the moment a contender may take them.",
+		Pkg:    ".", Tests: with(keeperTests, "TestKeeperTrustStartsWhenTheLastWriteWasSent"),
+	},
+	{
+		Name:   "trust-from-acquisition-reply",
+		File:   "lease.go",
+		Old:    "l.sentMS, l.trustFrom = fence, lin, row, untilMS, untilMS, start",
+		New:    "l.sentMS, l.trustFrom = fence, lin, row, untilMS, untilMS, start.Add(time.Since(start))",
+		Breaks: "An acquisition's trust window starts when its reply came back, not when it was sent, so a keeper started on a lease whose acquisition replied late trusts it past the moment a contender may take it.",
+		Pkg:    ".", Tests: with(keeperTests, "TestKeeperTrustStartsWhenTheLastWriteWasSent"),
 	},
 	{
 		Name:   "margin-without-uncertainty",
@@ -635,6 +676,14 @@ var catalog = []mutation{
 		New:    "s.channel, pgPayload(value, value)}",
 		Breaks: "A Postgres release wakes the waiters of a key named by the new row instead of the released key's, so waiters only poll.",
 		Pkg:    ".", Tests: []string{"TestPostgresNotifications", "TestAcquireWait"}, Postgres: true,
+	},
+	{
+		Name:   "postgres-new-mark-wakes-nobody",
+		File:   "store_postgres_waiters.go",
+		Old:    "for _, key := range fresh { // a refreshed mark has nothing new to tell\n\t\t\ts.listen.subs.wake(key, \"\")",
+		New:    "for _, key := range fresh { // a refreshed mark has nothing new to tell\n\t\t\t_ = key",
+		Breaks: "A new Postgres wait mark does not wake its key's subscribers, so a release that committed before the mark, and notified nobody, is found only by the next poll.",
+		Pkg:    ".", Tests: []string{"TestPostgresANewMarkWakesItsSubscribers"}, Postgres: true,
 	},
 	{
 		Name:   "postgres-marks-never-written",
