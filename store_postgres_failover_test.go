@@ -25,9 +25,19 @@ import (
 // loses acknowledged writes and hands a fence out twice, which is what the
 // README tells users of asynchronous replication to expect.
 func TestPostgresFailover(t *testing.T) {
+	skipSystemTest(t)
 	t.Parallel()
 	t.Run("synchronous_replication_keeps_every_promise", testFailoverSynchronous)
 	t.Run("asynchronous_replication_loses_acknowledged_writes", testFailoverAsynchronous)
+}
+
+// skipSystemTest skips t under -short: it starts server processes of its
+// own and runs for seconds.
+func skipSystemTest(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("a system test: it starts a private primary and standby")
+	}
 }
 
 // failoverMonitor is what the drivers of the synchronous run tell the

@@ -102,6 +102,54 @@ func (r *Replicated) Promote() {
 	r.Standby.ctl(false, "promote")
 }
 
+// WaitSyncRepWaiter waits until a backend of the primary other than those
+// in skip waits for the synchronous standby to confirm its commit (wait
+// event SyncRep), and returns its process id: a commit that the primary has
+// made locally and not yet acknowledged.
+func (r *Replicated) WaitSyncRepWaiter(skip ...int) int {
+	r.t.Helper()
+	var pid int
+	r.poll("a commit waiting for the synchronous standby", func(ctx context.Context) (bool, error) {
+		err := r.query(ctx, r.Primary, `SELECT coalesce(min(pid), 0) FROM pg_stat_activity
+WHERE wait_event = 'SyncRep' AND NOT pid = ANY(coalesce($1::int[], '{}'))`, []any{skip}, &pid)
+		return err == nil && pid != 0, nil
+	})
+	return pid
+}
+
+// SyncRepWaiters returns the primary's backends that wait for the
+// synchronous standby now.
+func (r *Replicated) SyncRepWaiters() ([]int, error) {
+	var pids []int
+	err := r.query(context.Background(), r.Primary,
+		`SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity WHERE wait_event = 'SyncRep'`, nil, &pids)
+	return pids, err
+}
+
+// Terminate ends the primary's backend pid with pg_terminate_backend, as
+// an operator or a connection pooler's clean-up does.
+func (r *Replicated) Terminate(pid int) {
+	r.t.Helper()
+	var ok bool
+	if err := r.query(context.Background(), r.Primary, `SELECT pg_terminate_backend($1)`, []any{pid}, &ok); err != nil || !ok {
+		r.t.Fatalf("pgtest: terminating backend %d: %v (signalled: %v)", pid, err, ok)
+	}
+}
+
+// Exec runs sql on c over a connection of its own, as the cluster's
+// superuser.
+func (r *Replicated) Exec(c *Cluster, sql string) {
+	r.t.Helper()
+	conn, err := pgx.Connect(context.Background(), c.DSN())
+	if err != nil {
+		r.t.Fatalf("pgtest: %v", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), sql); err != nil {
+		r.t.Fatalf("pgtest: %s: %v", sql, err)
+	}
+}
+
 func (r *Replicated) poll(what string, done func(ctx context.Context) (bool, error)) {
 	r.t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
