@@ -117,9 +117,16 @@ func WithCreateTable(create bool) PostgresOption {
 // Faults are [*StorageError] values wrapping pgx's error. A write whose
 // statement may have reached the server before the fault (a timeout, a
 // cancelled context or a dropped connection after sending, or a FATAL error
-// from the server) is reported with Unknown set; a refused connection or an
-// ERROR from the server, after which the call's transaction was rolled
-// back, is not. When the call's context has ended, the error matches the
+// from the server) is reported with Unknown set, and so is a write whose
+// context ended before its reply was read, even one the server said it
+// committed: with a synchronous standby, that may be a commit whose wait
+// for the standby was cancelled, which a failover loses. A MetaGet of a
+// key after a write of it whose outcome was unknown (the read-back that
+// resolves the write) is itself a commit that waits for the standby, so a
+// row it returns has landed for good; it needs EXECUTE on
+// pg_logical_emit_message, which every role has unless it was revoked. A
+// refused connection or an ERROR from the server, after which the call's
+// transaction was rolled back, is not. When the call's context has ended, the error matches the
 // context's error with [errors.Is] and is not Retryable, however pgx
 // handled the end (by cutting the connection, or by a cancel request that
 // the server answers with an ERROR). No message carries the password of the
@@ -137,12 +144,14 @@ type PostgresStore struct {
 	channel string // the table's LISTEN/NOTIFY channel, from its resolved name
 	listen  pgListener
 	waiters pgWaiters // the marks of the keys this store's subscribers wait on
+	doubts  pgDoubts  // keys whose last write's outcome is unknown (store_postgres_doubt.go)
 	closed  atomic.Bool
 }
 
 // pgQueries are the statements for one table, formatted at open.
 type pgQueries struct {
 	get, insert, update, del, scan, scanOpen string
+	getDurable                               string // get through a barrier (store_postgres_doubt.go)
 	batchHold, batchApply                    string
 	batchFenced, batchFencedOne              string
 	insertNotify, updateNotify               string
@@ -233,6 +242,7 @@ func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned 
 			scanOpen: fmt.Sprintf(pgScanOpen, t),
 		},
 	}
+	s.q.getDurable = fmt.Sprintf(pgGetDurable, t)
 	formatBatch(&s.q, t)
 	formatCASMany(&s.q, t)
 	s.q.insertNotify = fmt.Sprintf(pgInsertNotify, t)
@@ -277,6 +287,9 @@ func (s *PostgresStore) Close() error {
 func (s *PostgresStore) MetaGet(ctx context.Context, key string) (string, bool, error) {
 	if err := s.check(key); err != nil {
 		return "", false, err
+	}
+	if s.doubts.has(key) {
+		return s.getDurable(ctx, key)
 	}
 	var v string
 	var found bool
@@ -378,6 +391,7 @@ func (s *PostgresStore) exec(ctx context.Context, op, key, sql string, args ...a
 		}
 		return err
 	})
+	s.doubts.note(err, n == 1, key)
 	return n == 1, err
 }
 
@@ -391,6 +405,13 @@ func (s *PostgresStore) do(ctx context.Context, op, key string, write bool, stmt
 		}
 		err = stmt(conn.Conn())
 		conn.Release() // a connection that broke is destroyed, not pooled again
+		if cerr := ctx.Err(); err == nil && write && cerr != nil {
+			// The server answered that the write committed, but the
+			// answer may be that of a commit whose wait for a
+			// synchronous standby the context's end cancelled: committed
+			// here, perhaps not there (store_postgres_doubt.go).
+			err = fmt.Errorf("the write's wait for a synchronous standby may have been cancelled: %w", cerr)
+		}
 		if err == nil {
 			return nil
 		}

@@ -45,5 +45,6 @@ func (s *PostgresStore) MetaDeleteNotify(ctx context.Context, key, expected, wak
 		}
 		return err
 	})
+	s.doubts.note(err, n == 1, key)
 	return n == 1, err
 }

@@ -3,6 +3,7 @@ package runlease
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -69,10 +70,12 @@ func (s *PostgresStore) MetaCASMany(ctx context.Context, writes []CASWrite) ([]b
 			}
 			return err
 		})
+		s.doubts.note(err, false, keys...)
 		if err != nil {
 			return nil, err
 		}
 	}
+	s.doubts.note(nil, true, slices.Collect(maps.Keys(written))...)
 	swapped := make([]bool, len(writes))
 	for i, w := range writes {
 		swapped[i] = written[w.Key]

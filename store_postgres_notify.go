@@ -114,6 +114,7 @@ func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected 
 		}
 		return err
 	})
+	s.doubts.note(err, n == 1, key)
 	return n == 1, err
 }
 
