@@ -103,8 +103,9 @@ type Keeper struct {
 	index     int           // its position in bucket; -1 when not queued
 	leaseJob  *job          // the lease renewal in flight, if any
 	leaseWait retry
-	lastErr   error // the last renewal fault, for ErrTrustExpired
-	err       error // why it ended; nil while running
+	lastErr   error        // the last renewal fault, for ErrTrustExpired
+	err       error        // why it ended; nil while running
+	hooking   atomic.Int32 // its hooks running now (Renewer.runHook)
 }
 
 // keptSlots is what a Keeper keeps of the slots it renews beside its
@@ -238,7 +239,14 @@ func (k *Keeper) TrustedUntil() time.Time {
 // renewal the keeper's lease shares with other leases of a Renewer (a
 // batch) is not waited for: it is cut short once none of its keepers runs,
 // and records its outcome on the Lease, whose next call waits for it (or for
-// that call's context). Stopping an ended keeper does nothing.
+// that call's context). Stopping an ended keeper ends nothing more.
+//
+// Stop, and so Release, may be called from one of the keeper's own hooks:
+// called while a hook of the keeper runs, Stop ends the keeper and waits for
+// nothing, since the goroutine running the hook may be the very renewal or
+// loop it would wait for; that goroutine exits once the hook returns. No
+// hook runs while the hook's goroutine holds the lease's write token, so a
+// hook may also call the lease (Renew, Release).
 func (k *Keeper) Stop() {
 	k.r.end(k, ErrKeeperStopped)
 	k.r.mu.Lock()
@@ -249,6 +257,9 @@ func (k *Keeper) Stop() {
 		}
 	}
 	k.r.mu.Unlock()
+	if k.hooking.Load() > 0 {
+		return
+	}
 	for _, w := range waits {
 		<-w
 	}
@@ -261,6 +272,7 @@ func (k *Keeper) Stop() {
 // next driver can start at once. It returns the first fault of either
 // release; a lease lost before is reported as its [*LeaseLostError]. Each
 // release waits for a write of its lease or slots in flight, or for ctx.
+// Release may be called from one of the keeper's hooks (see Stop).
 func (k *Keeper) Release(ctx context.Context) error {
 	k.Stop()
 	var errs []error

@@ -97,6 +97,10 @@ type Lease struct {
 	optSet    optionSet
 	writeFree chan struct{}
 	keepers   []*Keeper
+	// ended are the reports of keepers a loss ended during the write in
+	// flight (their Lost hooks): they run once the write token is given
+	// back (unlock), so that a hook may call the lease.
+	ended []func()
 }
 
 // Acquire takes the lease on runID for holder, or fails with a

@@ -137,7 +137,8 @@ func (l *Lease) tryLock() bool {
 	return true
 }
 
-// unlock gives the write token back and wakes whoever waits for it.
+// unlock gives the write token back and wakes whoever waits for it, then
+// reports the ends of the keepers a loss found by the write ended.
 func (l *Lease) unlock() {
 	l.mu.Lock()
 	l.writing = false
@@ -145,7 +146,12 @@ func (l *Lease) unlock() {
 		close(l.writeFree)
 		l.writeFree = nil
 	}
+	ended := l.ended
+	l.ended = nil
 	l.mu.Unlock()
+	for _, report := range ended {
+		report()
+	}
 }
 
 // ctxError is the error of a call whose context ended. A context that a
@@ -352,7 +358,9 @@ func (l *Lease) confirm(kind writeKind, next string, untilMS int64, start time.T
 
 // lose records that the lease is lost, unless it was already, ends its
 // keepers with the reason, and returns the error every later call gets.
-// tombstone, when not empty, is this lease's own release that landed.
+// tombstone, when not empty, is this lease's own release that landed. The
+// caller holds the write token: the keepers end at once, and their ends are
+// reported (their Lost hooks run) when the token is given back.
 func (l *Lease) lose(lost *LeaseLostError, tombstone ...string) error {
 	l.mu.Lock()
 	if l.lost != nil {
@@ -367,8 +375,14 @@ func (l *Lease) lose(lost *LeaseLostError, tombstone ...string) error {
 	keepers := l.keepers
 	l.keepers = nil
 	l.mu.Unlock()
-	for _, k := range keepers {
-		k.r.end(k, lost)
+	if len(keepers) > 0 {
+		ended := make([]func(), 0, len(keepers))
+		for _, k := range keepers {
+			ended = append(ended, k.r.endLater(k, lost))
+		}
+		l.mu.Lock()
+		l.ended = append(l.ended, ended...)
+		l.mu.Unlock()
 	}
 	if len(tombstone) > 0 {
 		rememberReleased(l.store, l.key, tombstone[0])

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,6 +31,7 @@ type Renewer struct {
 	batches  map[*batchJob]struct{}
 	sem      chan struct{} // bounds renewals in flight
 	jobs     sync.WaitGroup
+	hooking  atomic.Int32 // hooks of its keepers running now (runHook)
 }
 
 // job is one renewal in flight for a keeper: alone, or as a member of a
@@ -137,7 +139,9 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 
 // Close stops every keeper of the Renewer, as Stop does, cuts short every
 // renewal in flight, and returns once its goroutines have exited. Leases are
-// not released. The Renewer may be used again afterwards.
+// not released. The Renewer may be used again afterwards. Called while a
+// hook of one of its keepers runs (from the hook, say), Close waits for
+// nothing: the goroutine running the hook may be the Renewer's own.
 func (r *Renewer) Close() {
 	r.mu.Lock()
 	keepers := r.queue.all()
@@ -150,6 +154,9 @@ func (r *Renewer) Close() {
 		b.cancel()
 	}
 	r.mu.Unlock()
+	if r.hooking.Load() > 0 {
+		return
+	}
 	r.jobs.Wait()
 	r.waitIdle()
 }
@@ -353,7 +360,7 @@ func (r *Renewer) lossInLocked(k *Keeper, now time.Time, st leaseState, trustEnd
 		report = func() {
 			k.o.logger.Warn("runlease: slots lost", "run", k.lease.RunID(), "keys", lost.Keys, "cause", lost.Cause)
 			if h := hooksOr(k.o.hooks).SlotsLost; h != nil {
-				h(SlotLossEvent{RunID: k.lease.RunID(), Err: lost})
+				r.runHook(k, func() { h(SlotLossEvent{RunID: k.lease.RunID(), Err: lost}) })
 			}
 		}
 	}
@@ -371,10 +378,30 @@ func (r *Renewer) lossInLocked(k *Keeper, now time.Time, st leaseState, trustEnd
 
 // end ends k with err unless it has ended already.
 func (r *Renewer) end(k *Keeper, err error) {
+	r.endLater(k, err)()
+}
+
+// endLater ends k with err unless it has ended already, and returns the
+// report of the end (its Lost hook), for the caller to run once it holds
+// nothing a hook may need: Lease.lose runs it once the lease's write token
+// is given back.
+func (r *Renewer) endLater(k *Keeper, err error) func() {
 	r.mu.Lock()
-	report := r.endLocked(k, err)
-	r.mu.Unlock()
-	report()
+	defer r.mu.Unlock()
+	return r.endLocked(k, err)
+}
+
+// runHook runs call, a hook of k. Stop and Close called while it runs
+// (from the hook itself, say) wait for nothing: the goroutine running the
+// hook may be the very renewal or loop they would wait for.
+func (r *Renewer) runHook(k *Keeper, call func()) {
+	k.hooking.Add(1)
+	r.hooking.Add(1)
+	defer func() {
+		k.hooking.Add(-1)
+		r.hooking.Add(-1)
+	}()
+	call()
 }
 
 // endLocked ends k: out of the queue, its renewals in flight cut short,
@@ -414,7 +441,7 @@ func (r *Renewer) endLocked(k *Keeper, err error) func() {
 		}
 		k.o.logger.Warn("runlease: lease lost; stop advancing the run", "run", k.lease.RunID(), "err", err)
 		if h := hooksOr(k.o.hooks).Lost; h != nil {
-			h(LossEvent{RunID: k.lease.RunID(), Fence: k.lease.fence, Err: err})
+			r.runHook(k, func() { h(LossEvent{RunID: k.lease.RunID(), Fence: k.lease.fence, Err: err}) })
 		}
 	}
 }

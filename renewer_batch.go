@@ -243,7 +243,8 @@ func (r *Renewer) finishLeases(keepers []*Keeper, jobs []*job, start time.Time, 
 		}
 		err := errs[i]
 		if h := hooksOr(k.o.hooks).Renewed; h != nil {
-			h(RenewEvent{RunID: k.lease.RunID(), Fence: k.lease.fence, Latency: time.Since(start), TimeLeft: jobs[i].timeLeft, Err: err})
+			ev := RenewEvent{RunID: k.lease.RunID(), Fence: k.lease.fence, Latency: time.Since(start), TimeLeft: jobs[i].timeLeft, Err: err}
+			r.runHook(k, func() { h(ev) })
 		}
 		if err != nil && !errors.Is(err, ErrLeaseLost) {
 			k.o.logger.Debug("runlease: renewal failed; retrying", "run", k.lease.RunID(), "err", err)

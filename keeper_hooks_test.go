@@ -1,0 +1,195 @@
+package runlease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
+)
+
+// hookCase is a way to make a keeper call one of its hooks, and the
+// goroutine the hook then runs on.
+type hookCase struct {
+	name string
+	// slots: the keeper keeps slots beside its lease.
+	slots bool
+	// hooks returns the keeper's hooks, each calling fire.
+	hooks func(fire func()) runlease.Hooks
+	// trigger makes the hook run, on the keeper of lease l.
+	trigger func(t *testing.T, s testkit.FaultyMulti, l *runlease.Lease, sl *runlease.Slots)
+}
+
+var hookCases = []hookCase{{
+	// On the renewal's goroutine, before the renewal is recorded.
+	name:  "Renewed",
+	hooks: func(fire func()) runlease.Hooks { return runlease.Hooks{Renewed: func(runlease.RenewEvent) { fire() }} },
+	trigger: func(t *testing.T, _ testkit.FaultyMulti, _ *runlease.Lease, _ *runlease.Slots) {
+		time.Sleep(5 * time.Second) // the first renewal is due after 5/3 s
+	},
+}, {
+	// On the renewal's goroutine, which found the loss while it held the
+	// lease's write token.
+	name:  "Lost_found_by_the_keepers_renewal",
+	hooks: func(fire func()) runlease.Hooks { return runlease.Hooks{Lost: func(runlease.LossEvent) { fire() }} },
+	trigger: func(t *testing.T, s testkit.FaultyMulti, _ *runlease.Lease, _ *runlease.Slots) {
+		info, err := runlease.Peek(t.Context(), s, "r1")
+		require.NoError(t, err)
+		require.NoError(t, runlease.ForceRelease(t.Context(), s, info)) // an operator's `runlease release`
+		time.Sleep(5 * time.Second)
+	},
+}, {
+	// On the goroutine of a call on the lease, which found the loss while
+	// it held the lease's write token.
+	name:  "Lost_found_by_a_fenced_write",
+	hooks: func(fire func()) runlease.Hooks { return runlease.Hooks{Lost: func(runlease.LossEvent) { fire() }} },
+	trigger: func(t *testing.T, s testkit.FaultyMulti, l *runlease.Lease, _ *runlease.Slots) {
+		cur := get(t, s, "runlease:r1")
+		ok, err := s.MetaCAS(t.Context(), "runlease:r1", &cur, `{"holder":"B","fence":9,"until_ms":1}`)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.ErrorIs(t, l.Write(t.Context(), runlease.Put("ckpt:r1", "1")), runlease.ErrTakenOver)
+	},
+}, {
+	// On the Renewer's loop, which finds the trust window run out.
+	name:  "Lost_when_the_trust_window_runs_out",
+	hooks: func(fire func()) runlease.Hooks { return runlease.Hooks{Lost: func(runlease.LossEvent) { fire() }} },
+	trigger: func(t *testing.T, s testkit.FaultyMulti, _ *runlease.Lease, _ *runlease.Slots) {
+		s.FailWrites(testkit.Prefix(runlease.LeasePrefix))
+		time.Sleep(10 * time.Second)
+	},
+}, {
+	// On the Renewer's loop, which reports the slot the keeper's slot
+	// renewal found taken.
+	name:  "SlotsLost",
+	slots: true,
+	hooks: func(fire func()) runlease.Hooks {
+		return runlease.Hooks{SlotsLost: func(runlease.SlotLossEvent) { fire() }}
+	},
+	trigger: func(t *testing.T, s testkit.FaultyMulti, _ *runlease.Lease, sl *runlease.Slots) {
+		held := sl.Held()
+		require.Len(t, held, 1)
+		cur := get(t, s, held[0].Key)
+		ok, err := s.MetaCAS(t.Context(), held[0].Key, &cur,
+			fmt.Sprintf(`{"holder":"other","fence":0,"until_ms":%d}`, time.Now().Add(time.Hour).UnixMilli()))
+		require.NoError(t, err)
+		require.True(t, ok)
+		time.Sleep(5 * time.Second)
+	},
+}}
+
+// hookActions are what a hook may do to its own keeper and lease. Each
+// waits for nothing but the store (the store answers here, or refuses at
+// once), so it returns unless it waits for the hook's own goroutine or for
+// a write token that goroutine holds.
+var hookActions = []struct {
+	name string
+	do   func(k *runlease.Keeper) error
+}{
+	{"Stop", func(k *runlease.Keeper) error { k.Stop(); return nil }},
+	{"Release", func(k *runlease.Keeper) error { return k.Release(context.Background()) }},
+	{"Renew", func(k *runlease.Keeper) error { return k.Lease().Renew(context.Background()) }},
+	{"Renew_then_Stop", func(k *runlease.Keeper) error {
+		err := k.Lease().Renew(context.Background())
+		k.Stop()
+		return err
+	}},
+}
+
+// TestAKeepersHookMayStopReleaseOrRenewIt: a hook of a keeper may call
+// Stop, Release or Renew on that keeper and its lease, whichever goroutine
+// runs it (the renewal's, the Renewer's loop, a caller's): the call returns,
+// the keeper ends (Stop, Release), the lease's write token is given back,
+// and every goroutine of the Renewer exits (synctest fails a test whose
+// goroutines are left blocked).
+func TestAKeepersHookMayStopReleaseOrRenewIt(t *testing.T) {
+	t.Parallel()
+	for _, hc := range hookCases {
+		for _, act := range hookActions {
+			for _, shared := range []bool{false, true} {
+				renewer := map[bool]string{false: "own_renewer", true: "shared_renewer"}[shared]
+				t.Run(hc.name+"/"+act.name+"/"+renewer, func(t *testing.T) {
+					synctest.Test(t, func(t *testing.T) { hookCalls(t, hc, act.do, shared) })
+				})
+			}
+		}
+	}
+}
+
+// hookCalls runs one case of TestAKeepersHookMayStopReleaseOrRenewIt.
+func hookCalls(t *testing.T, hc hookCase, do func(*runlease.Keeper) error, shared bool) {
+	s := faultyBubble(t)
+	five := runlease.WithTTL(5 * time.Second)
+	l, err := runlease.Acquire(t.Context(), s, "r1", "A", five)
+	require.NoError(t, err)
+	var sl *runlease.Slots
+	opts := []runlease.Option{}
+	if hc.slots {
+		sl, err = runlease.ClaimSlots(t.Context(), s, "r1", []runlease.Scope{runlease.MemScope(1)}, five)
+		require.NoError(t, err)
+		opts = append(opts, runlease.KeepSlots(sl))
+	}
+
+	var (
+		mu   sync.Mutex
+		k    *runlease.Keeper
+		once sync.Once
+	)
+	done := make(chan error, 1)
+	fire := func() {
+		once.Do(func() {
+			mu.Lock()
+			kk := k
+			mu.Unlock()
+			done <- do(kk)
+		})
+	}
+	opts = append(opts, runlease.WithHooks(hc.hooks(fire)))
+	keep := runlease.Keep
+	var r runlease.Renewer
+	if shared {
+		keep = r.Keep
+	}
+	// The hook runs only once its trigger has run, after Keep returned.
+	kk, err := keep(t.Context(), l, opts...)
+	require.NoError(t, err)
+	mu.Lock()
+	k = kk
+	mu.Unlock()
+
+	hc.trigger(t, s, l, sl)
+	var acted error
+	select {
+	case acted = <-done:
+	default:
+		synctest.Wait() // the hook, and what it calls, may still run
+		select {
+		case acted = <-done:
+		default:
+			t.Fatal("the hook never ran")
+		}
+	}
+	t.Logf("the hook's call returned %v", acted)
+	s.FailWrites(nil)
+
+	// The write token is back: a call on the lease gets the store's
+	// answer, not its context's end.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	err = l.Renew(ctx)
+	require.False(t, errors.Is(err, context.DeadlineExceeded), "the lease's write token is still held: %v", err)
+	if sl != nil {
+		require.False(t, errors.Is(sl.Release(ctx), context.DeadlineExceeded), "the slots' token is still held")
+	}
+
+	kk.Stop() // the test's own Stop waits for every renewal of the keeper
+	require.Error(t, kk.Err())
+	r.Close()
+}
