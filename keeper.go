@@ -105,6 +105,7 @@ type Keeper struct {
 	leaseWait retry
 	lastErr   error        // the last renewal fault, for ErrTrustExpired
 	err       error        // why it ended; nil while running
+	endedAt   time.Time    // when it ended; its trust ended then at the latest
 	hooking   atomic.Int32 // its hooks running now (Renewer.runHook)
 }
 
@@ -218,12 +219,28 @@ func (k *Keeper) slotJob() *job {
 }
 
 // TrustedUntil returns when, by this process's monotonic clock, the holder
-// stops trusting the lease unless a renewal succeeds first. With
-// [KeepSlotsStrict] it is never later than the kept slots' own
-// [Slots.TrustedUntil] either: the keeper ends when either runs out.
+// stops trusting the lease unless a renewal succeeds first. Once the keeper
+// has ended (stopped, released, lost, or its trust window run out), or its
+// lease is known to be lost, it is never later than that moment, a time
+// that has passed, as [Slots.TrustedUntil] is after a loss: the keeper
+// trusts nothing from then on. With [KeepSlotsStrict] it is never later
+// than the kept slots' own [Slots.TrustedUntil] either: the keeper ends
+// when either runs out.
 func (k *Keeper) TrustedUntil() time.Time {
+	k.r.mu.Lock()
+	ended, endedAt := k.err != nil, k.endedAt
+	k.r.mu.Unlock()
 	now := time.Now()
-	end := k.trustEnd(k.lease.state(), now)
+	st := k.lease.state()
+	end := k.trustEnd(st, now)
+	switch {
+	case ended:
+		end = earliest(end, endedAt)
+	case st.lost != nil:
+		// Lost, and the keeper about to end (Lease.lose ends it right
+		// after recording the loss).
+		end = earliest(end, now)
+	}
 	if k.strict() {
 		if slots := k.ks.slots.TrustedUntil(); !slots.IsZero() {
 			end = earliest(end, slots)

@@ -411,7 +411,7 @@ func (r *Renewer) endLocked(k *Keeper, err error) func() {
 	if k.err != nil {
 		return func() {}
 	}
-	k.err = err
+	k.err, k.endedAt = err, time.Now()
 	if k.bucket != nil {
 		r.queue.remove(k)
 		r.poke()
