@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -18,6 +19,24 @@ const CodeKeeperStopped = "RUN-E024"
 // started with (whose cause it then wraps). The lease itself may still be
 // held.
 var ErrKeeperStopped error = &codedError{CodeKeeperStopped, "keeper stopped"}
+
+// stoppedError is a keeper's Err after the context it was started with
+// ended: it matches [ErrKeeperStopped] and the context's cause, and says
+// both on one line.
+type stoppedError struct{ cause error }
+
+// keeperStopped is the reason a keeper ends with when the context it was
+// started with ends with cause.
+func keeperStopped(cause error) error { return &stoppedError{cause} }
+
+func (e *stoppedError) Error() string {
+	return ErrKeeperStopped.Error() + ": " + strings.ReplaceAll(e.cause.Error(), "\n", "; ")
+}
+
+// Code returns [CodeKeeperStopped].
+func (e *stoppedError) Code() string { return CodeKeeperStopped }
+
+func (e *stoppedError) Unwrap() []error { return []error{ErrKeeperStopped, e.cause} }
 
 // MinKeepInterval is the shortest interval [KeepInterval] accepts: shorter
 // ones would only load the store.
@@ -168,6 +187,13 @@ func (k *Keeper) Done() <-chan struct{} {
 func (k *Keeper) Err() error {
 	r := k.r
 	r.mu.Lock()
+	if k.err == nil && k.parent.Err() != nil {
+		// Keep's context ended, and its watch has not run yet.
+		end := r.endLocked(k, keeperStopped(context.Cause(k.parent)))
+		r.mu.Unlock()
+		end()
+		r.mu.Lock()
+	}
 	if k.err == nil {
 		if reason, report := r.lossLocked(k, time.Now()); reason != nil {
 			end := r.endLocked(k, reason)
@@ -181,20 +207,46 @@ func (k *Keeper) Err() error {
 	return k.err
 }
 
-// Context returns the context for the run's work: the context Keep was given,
-// cancelled when the keeper ends, with context.Cause giving Err. Calls on the
-// lease made with it after the keeper ended return that cause.
+// Context returns the context for the run's work: the context Keep was given
+// (its values and deadline), cancelled when the keeper ends, with
+// context.Cause giving Err, whatever ended it. When the context Keep was
+// given ends, the keeper ends with [ErrKeeperStopped] wrapping its cause,
+// and only then is the work context cancelled (Err and Context end the
+// keeper at once when they find that context ended; otherwise its end
+// follows at once, on a goroutine of the context's). Calls on the lease made
+// with the work context after the keeper ended return that cause.
 func (k *Keeper) Context() context.Context {
-	k.r.mu.Lock()
-	defer k.r.mu.Unlock()
+	r := k.r
+	r.mu.Lock()
 	if k.ctx == nil {
-		k.ctx, k.cancel = context.WithCancelCause(k.parent)
+		// Not a child of the parent's cancellation, which would cancel it
+		// with the parent's cause rather than the keeper's.
+		k.ctx, k.cancel = context.WithCancelCause(workParent{context.WithoutCancel(k.parent), k.parent})
 		if k.err != nil {
 			k.cancel(k.err)
 		}
 	}
-	return k.ctx
+	ctx := k.ctx
+	var end func()
+	if k.err == nil && k.parent.Err() != nil {
+		end = r.endLocked(k, keeperStopped(context.Cause(k.parent)))
+	}
+	r.mu.Unlock()
+	if end != nil {
+		end()
+	}
+	return ctx
 }
+
+// workParent is the parent of a keeper's work context: the values of the
+// context Keep was given and its deadline, not its cancellation, which
+// reaches the work context by ending the keeper.
+type workParent struct {
+	context.Context // without cancel
+	parent          context.Context
+}
+
+func (p workParent) Deadline() (time.Time, bool) { return p.parent.Deadline() }
 
 // Lease returns the kept lease.
 func (k *Keeper) Lease() *Lease { return k.lease }
@@ -287,17 +339,37 @@ func (k *Keeper) Stop() {
 
 // Release stops the keeper, then releases the slots and the lease, so the
 // next driver can start at once. It returns the first fault of either
-// release; a lease lost before is reported as its [*LeaseLostError]. Each
-// release waits for a write of its lease or slots in flight, or for ctx.
-// Release may be called from one of the keeper's hooks (see Stop).
+// release; a lease lost before is reported as its [*LeaseLostError]: taken
+// over, or released by someone else (an operator's [ForceRelease], found
+// by a renewal or any call on the lease), though [Lease.Release] alone
+// succeeds on a lease released by an operator. A lease this driver released
+// itself (with [Lease.Release]) is not lost: releasing it again succeeds.
+// Each release waits for a write of its lease or slots in flight, or for
+// ctx. Release may be called from one of the keeper's hooks (see Stop).
 func (k *Keeper) Release(ctx context.Context) error {
+	lost := k.lease.lostToOthers()
 	k.Stop()
 	var errs []error
 	if k.ks != nil {
 		errs = append(errs, k.ks.slots.Release(ctx))
 	}
-	errs = append(errs, k.lease.Release(ctx))
+	err := k.lease.Release(ctx)
+	if err == nil && lost != nil {
+		err = lost // released by someone else before, which Lease.Release accepts
+	}
+	errs = append(errs, err)
 	return errors.Join(errs...)
+}
+
+// lostToOthers returns the lease's loss when it is known to be lost other
+// than by a release of its own: its Release was never called.
+func (l *Lease) lostToOthers() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.releasing {
+		return nil
+	}
+	return l.lost
 }
 
 // validateKeep checks the keep options against the lease's TTL and fills

@@ -101,7 +101,7 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 	unwatch := func() bool { return false }
 	if ctx.Done() != nil { // a context that can end: stop with it
 		unwatch = context.AfterFunc(ctx, func() {
-			r.end(k, errors.Join(ErrKeeperStopped, context.Cause(ctx)))
+			r.end(k, keeperStopped(context.Cause(ctx)))
 		})
 	}
 	r.mu.Lock()
@@ -120,7 +120,11 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 		k.unwatch = unwatch
 		now := time.Now()
 		var reason error
-		if reason, report = r.lossLocked(k, now); reason != nil {
+		if ctx.Err() != nil {
+			// ctx ended already: the keeper ends now, not when the
+			// watch's goroutine runs.
+			end = r.endLocked(k, keeperStopped(context.Cause(ctx)))
+		} else if reason, report = r.lossLocked(k, now); reason != nil {
 			// Its trust window ran out before it started (or a strictly
 			// kept slot is lost): it ends before Keep returns, so its work
 			// context is never live while a contender may be granted the
