@@ -39,7 +39,13 @@
 // reached before the request was sent, or the context had ended), or when
 // etcd refused the request; it is labelled outcome unknown when the request
 // may have been applied (a deadline or a lost connection after sending, a
-// leader change while the request was proposed).
+// leader change while the request was proposed). A write larger than the
+// cluster accepts in one request ([WithMaxRequestBytes], etcd's default
+// 1.5 MiB: a fenced write of two values of a MiB each is one) is no fault:
+// no retry could make it fit, so it is refused before it is sent, with an
+// error that matches [runlease.ErrInvalidArgument]. One the cluster
+// refuses for its size all the same (its limit is lower than the store
+// was told) is labelled not applied, and never Retryable.
 //
 // Sample:
 //

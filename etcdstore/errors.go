@@ -23,6 +23,9 @@ import (
 // sending (a deadline, a lost connection, "leader changed", "request timed
 // out") leaves the proposal possibly committed.
 //
+// A request refused for its size (past etcd's --max-request-bytes, or
+// gRPC's largest message) is not applied and never Retryable.
+//
 // A call whose ctx has ended gives up: its error matches ctx's with
 // errors.Is and is never Retryable, whatever gRPC made of the end of ctx.
 // deadlineSlack is how far ahead of the caller's deadline a timeout from
@@ -66,6 +69,15 @@ func (s *Store) fault(ctx context.Context, op, key string, write, sent bool, err
 	se.Unknown = write && sent && !refused(code)
 	se.Retryable = cerr == nil && (code == codes.Unavailable || code == codes.ResourceExhausted ||
 		code == codes.DeadlineExceeded || code == codes.Aborted)
+	if tooLarge(err) {
+		// Refused for its size (ResourceExhausted from gRPC, or etcd's
+		// "request is too large"): it was not applied, and no retry can
+		// make it fit. The store's own check (checkSize) refuses such a
+		// request before sending it unless the cluster's limit is lower
+		// than the store was told.
+		se.Unknown, se.Retryable = false, false
+		se.Err = fmt.Errorf("%w (the request is larger than the cluster accepts: see WithMaxRequestBytes)", se.Err)
+	}
 	return se
 }
 

@@ -86,6 +86,24 @@ func TestFaultLabels(t *testing.T) {
 		assert.True(t, runlease.IsOutcomeUnknown(err))
 	})
 
+	t.Run("a_request_refused_for_its_size_is_not_retryable_though_other_exhaustion_is", func(t *testing.T) {
+		for _, c := range []struct {
+			err       error
+			retryable bool
+		}{
+			{status.Error(codes.ResourceExhausted, "grpc: received message larger than max (2662469 vs. 2097152)"), false},
+			{status.Error(codes.ResourceExhausted, "grpc: trying to send message larger than max (2662469 vs. 2097152)"), false},
+			{rpctypes.ErrGRPCRequestTooLarge, false},
+			{rpctypes.ErrGRPCRequestTooManyRequests, true},
+		} {
+			err := s.fault(context.Background(), "MetaBatch", "", true, true, c.err)
+			var se *runlease.StorageError
+			require.ErrorAs(t, err, &se)
+			assert.False(t, se.Unknown, "%v", err)
+			assert.Equal(t, c.retryable, se.Retryable, "%v", err)
+		}
+	})
+
 	t.Run("the_clients_password_never_reaches_a_message", func(t *testing.T) {
 		s := &Store{secret: "hunter2"}
 		cause := errors.New("auth failed for root:hunter2")

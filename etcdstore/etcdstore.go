@@ -29,14 +29,23 @@ const MinMaxTxnOps = 2
 // unless [WithScanPage] sets another.
 const DefaultScanPage = 500
 
+// DefaultMaxRequestBytes is etcd's default limit on the size of one request
+// (the server's --max-request-bytes flag, 1.5 MiB), and the store's unless
+// [WithMaxRequestBytes] sets another.
+const DefaultMaxRequestBytes = 3 << 19
+
+// MinMaxRequestBytes is the smallest limit [WithMaxRequestBytes] accepts.
+const MinMaxRequestBytes = 64 << 10
+
 // Option configures a Store made by [New] or [Open].
 type Option func(*options)
 
 type options struct {
-	prefix    string
-	maxTxnOps int
-	scanPage  int
-	config    func(*clientv3.Config)
+	prefix          string
+	maxTxnOps       int
+	maxRequestBytes int
+	scanPage        int
+	config          func(*clientv3.Config)
 }
 
 // WithPrefix sets the prefix of every key the store writes (default
@@ -51,6 +60,17 @@ func WithPrefix(prefix string) Option { return func(o *options) { o.prefix = pre
 // and the size of the Txns [Store.MetaCASMany] splits its writes into.
 func WithMaxTxnOps(n int) Option { return func(o *options) { o.maxTxnOps = n } }
 
+// WithMaxRequestBytes sets the size, in bytes, of the largest request the
+// cluster accepts (default [DefaultMaxRequestBytes], at least
+// [MinMaxRequestBytes]); set it to the cluster's --max-request-bytes. A
+// write is one request whatever it carries: a fenced batch of two values of
+// a MiB each, or a swap of a MiB value for another, is larger than etcd's
+// default even though each value is within [runlease.MaxValueLen]. The
+// store refuses a write larger than the limit before sending it, with an
+// error that matches [runlease.ErrInvalidArgument], since no retry could
+// make it fit, and [Store.MetaCASMany] splits its writes into Txns that fit.
+func WithMaxRequestBytes(n int) Option { return func(o *options) { o.maxRequestBytes = n } }
+
 // WithScanPage sets how many rows one request of [Store.MetaScan] reads
 // (default [DefaultScanPage], at least 1). Every page is read at the same
 // revision, so the pages form one snapshot.
@@ -61,7 +81,8 @@ func WithScanPage(n int) Option { return func(o *options) { o.scanPage = n } }
 func WithConfig(fn func(*clientv3.Config)) Option { return func(o *options) { o.config = fn } }
 
 func buildOptions(opts []Option) (options, error) {
-	o := options{prefix: DefaultPrefix, maxTxnOps: DefaultMaxTxnOps, scanPage: DefaultScanPage}
+	o := options{prefix: DefaultPrefix, maxTxnOps: DefaultMaxTxnOps, maxRequestBytes: DefaultMaxRequestBytes,
+		scanPage: DefaultScanPage}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -70,6 +91,9 @@ func buildOptions(opts []Option) (options, error) {
 	}
 	if o.maxTxnOps < MinMaxTxnOps {
 		return o, invalidArg("max txn ops %d is below the minimum %d", o.maxTxnOps, MinMaxTxnOps)
+	}
+	if o.maxRequestBytes < MinMaxRequestBytes {
+		return o, invalidArg("max request bytes %d is below the minimum %d", o.maxRequestBytes, MinMaxRequestBytes)
 	}
 	if o.scanPage < 1 {
 		return o, invalidArg("scan page %d is below 1", o.scanPage)
@@ -157,6 +181,9 @@ func (s *Store) Prefix() string { return s.o.prefix }
 
 // MaxTxnOps returns the most operations the store puts in one Txn.
 func (s *Store) MaxTxnOps() int { return s.o.maxTxnOps }
+
+// MaxRequestBytes returns the size of the largest request the store sends.
+func (s *Store) MaxRequestBytes() int { return s.o.maxRequestBytes }
 
 // Close ends the store's watches, waiting for their goroutines, and closes
 // the client if [Open] made it. Calls after Close fail with

@@ -198,7 +198,13 @@ func (s *Store) del(key string) *pb.RequestOp {
 // waited, or it was refused before a stream opened). The client's retry
 // interceptor is on the connection, so it still applies, and it retries a
 // Txn only when the request was not sent.
+//
+// A request larger than the cluster accepts is refused before it is sent
+// (checkSize).
 func (s *Store) txn(ctx context.Context, op, key string, req *pb.TxnRequest) (*pb.TxnResponse, error) {
+	if err := s.checkSize(op, req); err != nil {
+		return nil, err
+	}
 	var p peer.Peer
 	resp, err := s.kv.Txn(ctx, req, grpc.WaitForReady(true), grpc.Peer(&p))
 	if err != nil {

@@ -29,6 +29,7 @@ func TestOptions(t *testing.T) {
 		{"a_prefix_with_NUL", etcdstore.WithPrefix("a\x00")},
 		{"a_prefix_of_invalid_UTF-8", etcdstore.WithPrefix("\xff")},
 		{"a_txn_limit_below_the_minimum", etcdstore.WithMaxTxnOps(etcdstore.MinMaxTxnOps - 1)},
+		{"a_request_size_limit_below_the_minimum", etcdstore.WithMaxRequestBytes(etcdstore.MinMaxRequestBytes - 1)},
 		{"an_empty_scan_page", etcdstore.WithScanPage(0)},
 	} {
 		t.Run(c.name+"_is_refused", func(t *testing.T) {
