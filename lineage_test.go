@@ -97,26 +97,30 @@ func TestLineageStaleLeaseNeverAdoptsAnAcquisitionThatBeganBeforeIt(t *testing.T
 
 // TestLineageSlotsRefusedRenewalIsNotConfirmedByAnEqualRow: the
 // lease core no longer confirms a refused write whose read-back equals it,
-// but Slots.renewOne still does. A second Slots of the same run re-uses
-// the run's slot in the millisecond of the first Slots' renewal, writing
-// the very row that renewal sends; the renewal is refused, read back, and
-// confirmed. The first Slots now believes it wrote the second's row, and
-// its Release deletes it: the second Slots still holds its slot, another
-// run claims the freed one, and two runs hold a scope of limit 1.
+// but Slots.renewOne still does. A second Slots of the same run, whose
+// clock runs ahead so that the first's row is expired to it, takes the
+// run's slot while the first Slots' renewal is on its way, aiming at the
+// very until_ms that renewal sends (30 s TTL renewed at 10 s; 10 s TTL
+// claimed at 30 s); the renewal is refused, read back, and confirmed. The
+// first Slots now believes it wrote the second's row, and its Release
+// deletes it: the second Slots still holds its slot, another run claims
+// the freed one, and two runs hold a scope of limit 1.
 func TestLineageSlotsRefusedRenewalIsNotConfirmedByAnEqualRow(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
-	opts := []runlease.Option{runlease.WithClock(clk.Now)}
+	ahead := testkit.NewClock(epoch.Add(30 * time.Second))
+	opts := []runlease.Option{runlease.WithClock(clk.Now), runlease.WithTTL(30 * time.Second)}
+	aheadOpts := []runlease.Option{runlease.WithClock(ahead.Now), runlease.WithTTL(10 * time.Second)}
 	scopes := []runlease.Scope{runlease.MemScope(1)}
 	s1, err := runlease.ClaimSlots(ctx, f, "R", scopes, opts...)
 	require.NoError(t, err)
 
-	clk.Advance(2 * time.Millisecond)
+	clk.Advance(10 * time.Second)
 	var s2 *runlease.Slots
 	f.Next(testkit.Fault{Apply: false, Then: func() {
 		var err error
-		s2, err = runlease.ClaimSlots(ctx, f, "R", scopes, opts...)
+		s2, err = runlease.ClaimSlots(ctx, f, "R", scopes, aheadOpts...)
 		require.NoError(t, err)
 	}})
 	_ = s1.Renew(ctx)
@@ -129,7 +133,7 @@ func TestLineageSlotsRefusedRenewalIsNotConfirmedByAnEqualRow(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, found, "s1's Release deleted s2's slot row %s", s2Row)
 
-	_, err = runlease.ClaimSlots(ctx, f, "R2", scopes, opts...)
+	_, err = runlease.ClaimSlots(ctx, f, "R2", scopes, aheadOpts...)
 	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit,
 		"R2 claimed the slot that R still holds through s2: two runs in a scope of limit 1")
 }

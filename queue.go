@@ -154,17 +154,19 @@ type scopeView struct {
 	expiresMS int64
 }
 
-// scanQueue reads the live entries of a scope's queue. An entry that does
-// not parse is a [*CorruptRowError]: it is never overwritten, and the
-// claim fails, as for a corrupt slot row.
-func scanQueue(rows []Row, scope string, nowMS int64, all map[string]string) ([]queuedRow, int64, error) {
-	return scanQueueReusing(rows, scope, nowMS, all, nil)
+// scanQueue reads the live entries of a scope's queue, and records every
+// entry row by key in all (when not nil). An entry that does not parse is
+// recorded in bad, by key, and holds no place: it ranks nowhere and
+// reserves nothing, and nothing writes over it. With bad nil, it is a
+// [*CorruptRowError] instead.
+func scanQueue(rows []Row, scope string, nowMS int64, all, bad map[string]string) ([]queuedRow, int64, error) {
+	return scanQueueReusing(rows, scope, nowMS, all, bad, nil)
 }
 
 // scanQueueReusing is scanQueue that takes the decoded entry of a row from
 // prev, an earlier scan's shared decoding, when the row is unchanged since
 // (nil: decode every row).
-func scanQueueReusing(rows []Row, scope string, nowMS int64, all map[string]string, prev *sharedQueue) ([]queuedRow, int64, error) {
+func scanQueueReusing(rows []Row, scope string, nowMS int64, all, bad map[string]string, prev *sharedQueue) ([]queuedRow, int64, error) {
 	out := make([]queuedRow, 0, len(rows)) // entries are large: grow once
 	var next int64
 	for _, r := range rows {
@@ -176,7 +178,11 @@ func scanQueueReusing(rows []Row, scope string, nowMS int64, all map[string]stri
 		if !found {
 			var err error
 			if e, err = decodeEntry(r.Value); err != nil {
-				return nil, 0, corruptRow(r.Key, r.Value, err)
+				if bad == nil {
+					return nil, 0, corruptRow(r.Key, r.Value, err)
+				}
+				bad[r.Key] = r.Value
+				continue
 			}
 		}
 		if all != nil {
@@ -316,9 +322,11 @@ func fairScopePrefix(scope string) string {
 func fairKey(scope, principal string) string { return fairScopePrefix(scope) + principal }
 
 // scanMarks reads the live fair-share marks of a scope, by principal, and
-// every mark row by key. A mark that does not parse is a
-// [*CorruptRowError], like any row of the library's.
-func scanMarks(rows []Row, scope string, nowMS int64, all map[string]string) (map[string]int64, error) {
+// records every mark row by key in all (when not nil). A mark that does
+// not parse is recorded in bad, by key: its principal ranks as one without
+// a mark, and nothing writes over it. With bad nil, it is a
+// [*CorruptRowError] instead.
+func scanMarks(rows []Row, scope string, nowMS int64, all, bad map[string]string) (map[string]int64, error) {
 	prefix := fairScopePrefix(scope)
 	marks := map[string]int64{}
 	for _, r := range rows {
@@ -328,7 +336,11 @@ func scanMarks(rows []Row, scope string, nowMS int64, all map[string]string) (ma
 		}
 		m, err := decodeMark(r.Value)
 		if err != nil {
-			return nil, corruptRow(r.Key, r.Value, err)
+			if bad == nil {
+				return nil, corruptRow(r.Key, r.Value, err)
+			}
+			bad[r.Key] = r.Value
+			continue
 		}
 		if all != nil {
 			all[r.Key] = r.Value
@@ -342,18 +354,18 @@ func scanMarks(rows []Row, scope string, nowMS int64, all map[string]string) (ma
 
 // verdict is whether a run can be admitted to one scope now, and why not.
 type verdict struct {
-	used     int // units held by other runs' live slot rows
+	used     int // slots in use: live slot rows (the run's own included) and rows that do not parse
 	reserved int // units reserved by live waiters ranked ahead
 	ahead    []queuedRow
 }
 
 // admits reports whether units can be taken in the scope without exceeding
 // its limit or overtaking a waiter ranked ahead. The run's own live slots
-// count as its own: a claim re-uses them.
+// count as used: a claim never re-uses another claim's rows.
 func (v verdict) admits(units, limit int) bool { return v.used+v.reserved+units <= limit }
 
 // blockedBy names what holds a run back in one scope: "capacity" when the
-// units other runs hold leave too few, "order" when waiters ranked ahead
+// units in use leave too few, "order" when waiters ranked ahead
 // reserve what is free, and "" when it can be admitted.
 func (v verdict) blockedBy(units, limit int) string {
 	switch {
@@ -366,18 +378,19 @@ func (v verdict) blockedBy(units, limit int) string {
 	}
 }
 
-// judge computes the verdict of a run ranked at me in a scope where other
-// runs hold used units and holders counts each run's live slot rows.
-func judge(used int, holders map[string]int, queue []queuedRow, me *queueEntry) verdict {
+// judge computes the verdict of a run ranked at me in a scope where used
+// slots are in use.
+func judge(used int, queue []queuedRow, me *queueEntry) verdict {
 	v := verdict{used: used}
 	for _, q := range queue {
 		if q.e.Run == me.Run || !q.e.before(me) {
 			continue
 		}
 		v.ahead = append(v.ahead, q)
-		// A waiter ahead that already holds slots of the scope (it
-		// claimed them before and waits again) reserves only the rest.
-		v.reserved += max(q.e.Units-holders[q.e.Run], 0)
+		// A waiter ahead reserves every unit it asks for, even when its
+		// run holds slots of the scope already (it claimed them before
+		// and waits again): its admission takes rows of its own.
+		v.reserved += q.e.Units
 	}
 	return v
 }

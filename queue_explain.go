@@ -25,11 +25,16 @@ type Waiter struct {
 
 // ScopeExplanation is where a run stands in one scope.
 type ScopeExplanation struct {
-	Scope    string
-	Limit    int
-	Units    int // the units the run asks of the scope
-	Used     int // the units held by live slots of other runs
-	Own      int // the run's own live slots
+	Scope string
+	Limit int
+	Units int // the units the run asks of the scope
+	// Used is the slots in use, which a claim made now must fit beside:
+	// live slot rows of other runs and of the run itself (an earlier
+	// claim's, which a new claim never re-uses), and slot rows that do
+	// not parse.
+	Used     int
+	Own      int // how many of Used are the run's own live slot rows
+	Corrupt  int // how many of Used are slot rows that do not parse
 	QueueLen int // the scope's live waiters
 	// Queued says the run has a live entry in the scope's queue; Position
 	// is then how many live waiters rank ahead of it, and otherwise how
@@ -38,12 +43,14 @@ type ScopeExplanation struct {
 	Position int
 	Priority int
 	Tag      int64
-	Ahead    []Waiter   // the live waiters ranked ahead, first first
-	Reserved int        // the units they wait for
-	Holders  []SlotInfo // the live slots, with their runs and expiries
+	Ahead    []Waiter // the live waiters ranked ahead, first first
+	Reserved int      // the units they wait for
+	// Holders lists the live slots, with their runs and expiries, and
+	// the slot rows that do not parse (Corrupt set).
+	Holders []SlotInfo
 	// BlockedBy is "" when the run would be admitted to this scope now,
-	// "capacity" when other runs hold too many units (the run would wait
-	// even with nobody queued ahead), and "order" when units are free but
+	// "capacity" when the slots in use leave too few units (the run would
+	// wait even with nobody queued ahead), and "order" when units are free but
 	// waiters ranked ahead reserve them.
 	BlockedBy string
 }
@@ -98,8 +105,8 @@ func ExplainSlots(ctx context.Context, store Store, runID string, scopes []Scope
 	for i, sc := range scopes {
 		st := states[i]
 		units := sc.Units()
-		v := judge(st.used, st.holders, st.queue, me)
-		se := ScopeExplanation{Scope: sc.name, Limit: sc.limit, Units: units, Used: st.used, Own: len(st.own),
+		v := judge(st.used, st.queue, me)
+		se := ScopeExplanation{Scope: sc.name, Limit: sc.limit, Units: units, Used: st.used, Own: st.own, Corrupt: st.corrupt,
 			QueueLen: len(st.queue), Queued: findEntry(st.queue, runID) != nil, Position: len(v.ahead),
 			Priority: me.Priority, Tag: me.Tag, Reserved: v.reserved, Holders: st.slotInfos(sc),
 			BlockedBy: v.blockedBy(units, sc.limit)}
@@ -149,7 +156,7 @@ func Queues(ctx context.Context, store Store, opts ...Option) ([]Waiter, error) 
 	slices.Sort(names)
 	var out []Waiter
 	for _, name := range names {
-		q, _, err := scanQueue(byScope[name], name, now, nil)
+		q, _, err := scanQueue(byScope[name], name, now, nil, nil)
 		if err != nil {
 			return nil, err
 		}

@@ -165,14 +165,15 @@ func TestJudgeReservesForWaitersAhead(t *testing.T) {
 	t.Parallel()
 	heavy := queuedRow{e: queueEntry{Run: "heavy", Weight: 1, Units: 2, EnqMS: 1}}
 	me := &queueEntry{Run: "me", Weight: 1, Units: 1, EnqMS: 2}
-	v := judge(1, map[string]int{"other": 1}, []queuedRow{heavy}, me)
+	v := judge(1, []queuedRow{heavy}, me)
 	assert.False(t, v.admits(1, 3), "1 held + 2 reserved + 1 asked is over 3")
 	assert.Equal(t, "order", v.blockedBy(1, 3))
 	assert.True(t, v.admits(1, 4))
-	// A waiter ahead that already holds one of its two units reserves one.
-	v = judge(1, map[string]int{"other": 1, "heavy": 1}, []queuedRow{heavy}, me)
-	assert.True(t, v.admits(1, 3))
-	assert.Equal(t, "capacity", judge(3, nil, nil, me).blockedBy(1, 3))
+	// A waiter ahead that already holds a slot of the scope (counted in
+	// used) reserves both its units: its admission takes rows of its own.
+	v = judge(2, []queuedRow{heavy}, me)
+	assert.False(t, v.admits(1, 4), "2 held + 2 reserved + 1 asked is over 4")
+	assert.Equal(t, "capacity", judge(3, nil, me).blockedBy(1, 3))
 }
 
 func TestQueueKeysRoundTrip(t *testing.T) {

@@ -76,17 +76,25 @@ func judgesAlike(t *testing.T, sc Scope, nowMS int64, raw, other scopeRows, roun
 	}
 }
 
-// TestASharedDecodeOfACorruptEntryFailsEveryWaiter: a corrupt entry fails
-// each waiter's judgement, as it fails a decoding of its own.
-func TestASharedDecodeOfACorruptEntryFailsEveryWaiter(t *testing.T) {
+// TestASharedDecodeSetsACorruptEntryAsideForEveryWaiter: a corrupt entry
+// holds no place in any waiter's judgement, and each sees it among the
+// rows nothing may write over, as in a decoding of its own.
+func TestASharedDecodeSetsACorruptEntryAsideForEveryWaiter(t *testing.T) {
 	t.Parallel()
 	raw := sharedDecodeRows(rand.New(rand.NewPCG(1, 2)), 5, 1_000_000)
-	raw.queue = append(raw.queue, Row{Key: queueKey("gpu", "zz-bad"), Value: "{not json"})
-	raw.shared = &sharedQueue{}
+	bad := queueKey("gpu", "zz-bad")
+	raw.queue = append(raw.queue, Row{Key: bad, Value: "{not json"})
 	o := options{now: func() time.Time { return time.UnixMilli(1_000_000) }}
+	own, err := decodeScope(NamedScope("gpu", 4), "r", o, raw)
+	require.NoError(t, err)
+	raw.shared = &sharedQueue{}
 	for range 2 {
-		_, err := decodeScope(NamedScope("gpu", 4), "r", o, raw)
-		require.ErrorIs(t, err, ErrCorruptRow)
+		st, err := decodeScope(NamedScope("gpu", 4), "r", o, raw)
+		require.NoError(t, err)
+		assert.Equal(t, map[string]string{bad: "{not json"}, st.badRows)
+		assert.Nil(t, findEntry(st.queue, "zz-bad"))
+		assert.Equal(t, own.queue, st.queue)
+		assert.Equal(t, own.badRows, st.badRows)
 	}
 }
 
@@ -212,8 +220,7 @@ func TestAReusedDecodeJudgesAsADecodeOfItsOwn(t *testing.T) {
 }
 
 // TestAReusedDecodeStillFindsACorruptEntry: an entry that was valid in the
-// previous scan and is corrupt now fails the judgement, and a decoding
-// that failed is never reused.
+// previous scan and is corrupt now is set aside, not reused as it was.
 func TestAReusedDecodeStillFindsACorruptEntry(t *testing.T) {
 	t.Parallel()
 	sc := NamedScope("gpu", 4)
@@ -226,8 +233,11 @@ func TestAReusedDecodeStillFindsACorruptEntry(t *testing.T) {
 	after.queue = slices.Clone(before.queue)
 	after.queue[2].Value = "{not json"
 	after.shared = &sharedQueue{prev: prev}
-	_, err = decodeScope(sc, "r", o, after)
-	require.ErrorIs(t, err, ErrCorruptRow)
-	require.Nil(t, after.shared.decoded(), "a failed decoding is not reused")
-	require.Nil(t, (&sharedQueue{}).decoded(), "nor one not yet made")
+	st, err := decodeScope(sc, "r", o, after)
+	require.NoError(t, err)
+	require.Contains(t, st.badRows, after.queue[2].Key)
+	for _, q := range st.queue {
+		require.NotEqual(t, after.queue[2].Key, q.key, "the corrupt entry holds no place")
+	}
+	require.Nil(t, (&sharedQueue{}).decoded(), "a decoding not yet made is not reused")
 }

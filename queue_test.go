@@ -544,10 +544,10 @@ func TestQueueBadInputChangesNothing(t *testing.T) {
 	}
 	assert.Empty(t, libRows(t, s))
 
-	// A queue entry that does not parse is never written over, and the
-	// claim says which row it is.
+	// A queue entry that does not parse is never written over: its run
+	// cannot wait in the scope, and the wait says which row it is.
 	put(t, s, "runqueue:3:mem:bad", `{"run":`)
-	_, err := runlease.ClaimSlotsWait(ctx, s, "r", []runlease.Scope{mem})
+	_, err := runlease.ClaimSlotsWait(ctx, s, "bad", []runlease.Scope{mem})
 	var corrupt *runlease.CorruptRowError
 	require.ErrorAs(t, err, &corrupt)
 	assert.Equal(t, "runqueue:3:mem:bad", corrupt.Key)

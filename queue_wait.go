@@ -66,6 +66,13 @@ func deleteRinging(ctx context.Context, s Store, key, expected, scope string) (b
 // SlotsRequeued and the logger say so. A second call waiting for the same
 // run while the first still waits fails with [ErrAlreadyQueued].
 //
+// Rows that do not parse are never written over. A slot row counts as one
+// slot in use, as for ClaimSlots. Another run's queue entry holds no place
+// (it ranks nowhere and reserves nothing), and a principal's fair-share
+// mark counts as none and stays as it is; but a run whose own entry in a
+// scope does not parse cannot queue there, and the call fails with a
+// [*CorruptRowError] naming it until a person deletes the row.
+//
 // It takes the options of ClaimSlots, and [WithWaitPoll]: how often it
 // looks again when nothing wakes it sooner. Releases of slots wake it
 // through the store when it is a [DeleteNotifier]; the expiry of a slot or
@@ -225,6 +232,9 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 		if err := w.aloneInQueue(states); err != nil {
 			return nil, err
 		}
+		if err := w.ownEntryParses(states); err != nil {
+			return nil, err
+		}
 		rank := w.rank(states)
 		plans, admitted, next := w.plan(states, rank)
 		if admitted {
@@ -286,7 +296,7 @@ func (w *waiter) read(ctx context.Context) ([]*scopeState, error) {
 		if err != nil {
 			return nil, err
 		}
-		if states[i], err = decodeScope(sc, w.s.runID, w.s.o, raw); err != nil {
+		if states[i], err = decodeScopeFor(sc, w.s.runID, w.s.o, raw, orphanTest(w.s.store, w.s.runID)); err != nil {
 			return nil, err
 		}
 	}
@@ -375,6 +385,7 @@ func (w *waiter) admit(ctx context.Context, states []*scopeState, rank *queueEnt
 	w.pending = nil
 	w.queued = false
 	clear(w.rows)
+	w.s.tookOver(held)
 	return held, nil
 }
 
@@ -382,7 +393,8 @@ func (w *waiter) admit(ctx context.Context, states []*scopeState, rank *queueEnt
 // fair-share mark in every scope to where the admitted run finishes,
 // conditional on the marks as read. Marks move only when a run is
 // admitted, so a wait that ends without admission leaves them as they
-// were.
+// were. A mark that does not parse is left as it is: nothing writes over
+// it, and the principal ranks in that scope as one without a mark.
 func (w *waiter) markWrites(states []*scopeState, rank *queueEntry) ([]Cond, []Op) {
 	conds := make([]Cond, 0, len(w.scopes))
 	ops := make([]Op, 0, len(w.scopes))
@@ -390,6 +402,9 @@ func (w *waiter) markWrites(states []*scopeState, rank *queueEntry) ([]Cond, []O
 		e := *rank
 		e.Units = sc.Units()
 		mk := fairKey(sc.name, rank.Principal)
+		if _, bad := states[i].badRows[mk]; bad {
+			continue
+		}
 		var seen *string
 		if raw, ok := states[i].entryRows[mk]; ok {
 			seen = &raw
@@ -408,10 +423,14 @@ func (w *waiter) freePending(ctx context.Context) {
 	w.pending = nil
 }
 
-// free deletes held, where each slot still holds the row sent for it.
+// free deletes held, where each slot still holds the row sent for it; a
+// row it cannot delete is remembered as trusted by no Slots
+// (slots_orphans.go).
 func (w *waiter) free(ctx context.Context, held []*heldSlot) {
 	for _, h := range held {
-		_, _ = deleteRinging(ctx, w.s.store, h.key, h.seen, h.scope)
+		if _, err := deleteRinging(ctx, w.s.store, h.key, h.seen, h.scope); err != nil {
+			w.s.gaveUp([]*heldSlot{h})
+		}
 	}
 }
 
@@ -455,6 +474,21 @@ func (w *waiter) aloneInQueue(states []*scopeState) error {
 		q := findEntry(st.queue, w.s.runID)
 		if q != nil && q.e.Waiter != w.me.Waiter && q.e.Fence >= w.fence {
 			return &AlreadyQueuedError{RunID: w.s.runID, Scope: w.scopes[i].name}
+		}
+	}
+	return nil
+}
+
+// ownEntryParses fails with a [*CorruptRowError] when the row at the run's
+// own entry key of a scope does not parse: the run can never queue there
+// without writing over it, which nothing does, so its waits fail until a
+// person deletes the row. Other runs wait as usual; the row holds no place.
+func (w *waiter) ownEntryParses(states []*scopeState) error {
+	for i, st := range states {
+		key := queueKey(w.scopes[i].name, w.s.runID)
+		if raw, bad := st.badRows[key]; bad {
+			_, err := decodeEntry(raw)
+			return corruptRow(key, raw, err)
 		}
 	}
 	return nil

@@ -445,10 +445,10 @@ func (s *Slots) renewOne(ctx context.Context, h *heldSlot) error {
 // sentByThis reports whether row, found at h's key, is a write of this
 // Slots whose reply was lost: the run's own row, stamped as one of its
 // writes in doubt. Slot rows name the run, not the Slots, so another Slots
-// of the same run (a second claim that re-used the slot, or a replaced
-// driver's) writes rows that name the run too; they are stamped apart from
-// this Slots' (see lineage.go), so they are not adopted, and their slot is
-// not deleted.
+// of the same run (a claim over the slot after this one's row expired, or
+// a replaced driver's) writes rows that name the run too; they are stamped
+// apart from this Slots' (see lineage.go), so they are not adopted, and
+// their slot is not deleted.
 func (s *Slots) sentByThis(h *heldSlot, row leaseRow) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -477,10 +477,13 @@ func (s *Slots) drop(h *heldSlot, cause error) {
 }
 
 // Release gives every held slot back, so a waiting run can start at once.
-// Each delete is conditional on the row this run last wrote (or a row of
-// its own found in its place): a slot another run has taken since is left
-// to it. Release is idempotent; on a storage fault it may be retried. It
-// waits for a write of the slots in flight, or for ctx.
+// Each delete is conditional on the row this Slots last wrote (or a row of
+// its own found in its place): a slot another run, or another claim of the
+// run, has taken since is left to it. It also deletes the run's rows that
+// no Slots of this process trusts: those left by a claim of the run that
+// failed, or by a Release that failed. Release is idempotent; on a storage
+// fault it may be retried. It waits for a write of the slots in flight, or
+// for ctx.
 //
 // A slot being released is no longer held, whatever the outcome: Held stops
 // listing it at once, and a fault only leaves it to Release again (or to
@@ -505,6 +508,9 @@ func (s *Slots) Release(ctx context.Context) error {
 	var errs []error
 	for _, h := range releasing {
 		if err := s.releaseOne(ctx, h); err != nil {
+			// Given up, whatever Release does next: no Slots trusts the
+			// row, which any Release of the run may delete.
+			s.gaveUp([]*heldSlot{h})
 			errs = append(errs, err)
 			continue
 		}
@@ -512,8 +518,12 @@ func (s *Slots) Release(ctx context.Context) error {
 		if i := slices.Index(s.releasing, h); i >= 0 {
 			s.releasing = slices.Delete(s.releasing, i, i+1)
 		}
+		seen := h.seen
 		s.mu.Unlock()
+		forgetOrphan(s.store, s.runID, h.key, seen)
 	}
+	// The run's rows that no Slots of this process trusts go too.
+	errs = append(errs, s.releaseOrphans(ctx))
 	return errors.Join(errs...)
 }
 

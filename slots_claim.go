@@ -16,15 +16,22 @@ import (
 // holds no slot afterwards.
 //
 // The limit holds under races because slot k of a scope is one row taken by
-// compare-and-swap: never count-then-acquire. A run that already holds a slot
-// of a scope re-uses it rather than taking a second. A slot whose holder
-// stopped renewing is free again once its TTL has passed. Each scope costs
-// one scan and, uncontended, one write, whatever its limit.
+// compare-and-swap: never count-then-acquire. A slot row belongs to the one
+// claim that wrote it: a live row of the same run (an earlier claim, still
+// kept or abandoned, or a crashed driver's) is held like any other run's,
+// never re-used, so two Slots never trust one row and one's Release never
+// frees a slot the other still trusts. A claim whose scope has no room
+// beside such rows is refused until they are released or expire. A slot
+// whose holder stopped renewing is free again once its TTL has passed. Each
+// scope costs one scan and, uncontended, one write, whatever its limit.
 //
 // When every scope has a free slot but a later scope's slot is taken by a
 // racing claimant after an earlier scope's was written, the earlier slots are
 // put back as they were before ClaimSlots returns. A slot row that does not
-// parse is never overwritten: the claim fails with a [*CorruptRowError].
+// parse is never overwritten: it counts as one slot in use, and the claim
+// takes the others as usual. A queue entry or fair-share mark that does not
+// parse holds no place and is never overwritten either (see
+// [ClaimSlotsWait]).
 // Invalid arguments fail with [ErrInvalidArgument] before anything is
 // written; the options are the TTL and the clock, as for [Acquire]. Claim
 // slots after acquiring the run's lease, with the same TTL, so that a
@@ -33,8 +40,8 @@ import (
 // [Lease.ClaimSlots] claims them through the run's lease, which rules out
 // those mismatches and fences the claim by the lease; prefer it. This
 // function is not fenced: a driver whose lease was taken over without its
-// knowing can still claim through it, over the slot its successor holds for
-// the run, and free that slot on its release.
+// knowing can still claim free slots for the run beside those its successor
+// holds (it never writes over them, nor frees them on its release).
 func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, opts ...Option) (*Slots, error) {
 	o, err := buildOptions(store, opts, optsClaim, "ClaimSlots")
 	if err != nil {
@@ -56,8 +63,8 @@ func ClaimSlots(ctx context.Context, store Store, runID string, scopes []Scope, 
 // the claim is fenced like [Lease.Write]: it lands in one atomic batch with
 // a renewal of the lease, only if the lease row is still the one this lease
 // wrote, so a driver whose lease was taken over without its knowing claims
-// nothing and gets its [*LeaseLostError] (slot rows belong to the run: an
-// unfenced claim by such a driver would take over its successor's slot).
+// nothing and gets its [*LeaseLostError] (an unfenced claim by such a driver
+// would take slots for a run it no longer drives).
 // Such a claim takes at most MaxBatch-1 scopes, refused with
 // [ErrInvalidArgument] before anything is read.
 //
@@ -118,10 +125,8 @@ func (l *Lease) claimStart(opts []Option, allowed optionSet, fn string) (options
 // claimFenced claims the slots in one atomic batch with a renewal of the
 // lease, conditional on the lease row as this lease last saw it: a lease
 // that was taken over, even one that does not know it yet, claims nothing.
-// Slot rows belong to the run, so without the fence a superseded driver of
-// the run would write over the slot its successor holds and then, on its
-// release, delete it while the successor still trusts it: another run would
-// take the slot, and the scope would hold one run more than its limit.
+// Without the fence a superseded driver of the run would take slots for a
+// run it no longer drives, beside those its successor holds.
 // The lease's unknown outcomes and losses are resolved as for a fenced
 // write ([Lease.Write]); a slot taken between the scan and the write makes
 // the claim scan again, as an unfenced claim does.
@@ -143,7 +148,11 @@ func (l *Lease) claimFenced(ctx context.Context, scopes []Scope, o options) (*Sl
 		switch {
 		case err == nil:
 			s.held = held
+			s.tookOver(held)
 			return s, nil
+		case IsOutcomeUnknown(err):
+			s.gaveUp(held)
+			return nil, err
 		case errors.Is(err, ErrConditionFailed) && try < claimBatchTries-1:
 			// Another claimant took a slot between the scan and the write.
 		case errors.Is(err, ErrConditionFailed):
@@ -225,12 +234,12 @@ func (s *Slots) planAll(ctx context.Context, scopes []Scope, me *queueEntry) ([]
 }
 
 // claimRow returns the row a claim of key writes now, its until_ms, and
-// the lineage that stamped it. The stamp is above floorMS, so re-using the
-// run's own slot never shortens it for another Slots of the run that holds
-// it too, and above every row another Slots of the run sent for the slot.
-func (s *Slots) claimRow(key string, floorMS int64) (string, int64, *lineage) {
+// the lineage that stamped it: the stamp is above every row another Slots
+// of the run in this process sent for the slot, so a read-back tells this
+// claim's row from theirs.
+func (s *Slots) claimRow(key string) (string, int64, *lineage) {
 	lin := lineageOf(s.store, key, s.runID, 0)
-	untilMS, _ := lin.stamp(s.o.now(), s.o.ttl, floorMS)
+	untilMS, _ := lin.stamp(s.o.now(), s.o.ttl, 0)
 	return leaseRow{Holder: s.runID, UntilMS: untilMS}.encode(), untilMS, lin
 }
 
@@ -302,7 +311,11 @@ func (s *Slots) claimBatch(ctx context.Context, b Batcher, scopes []Scope) error
 		switch {
 		case ok:
 			s.held = held
+			s.tookOver(held)
 			return nil
+		case IsOutcomeUnknown(err):
+			s.gaveUp(held)
+			return err
 		case retryableFault(ctx, err):
 			if err := claimBackoff(ctx, try, "MetaBatch"); err != nil {
 				return err
@@ -327,7 +340,7 @@ func (s *Slots) claimWrites(scopes []Scope, plans [][]slotCandidate) ([]Cond, []
 	for i, sc := range scopes {
 		for _, c := range plans[i][:sc.Units()] {
 			key := sc.prefix() + strconv.Itoa(c.slot)
-			row, untilMS, lin := s.claimRow(key, c.floorMS)
+			row, untilMS, lin := s.claimRow(key)
 			conds, ops = append(conds, Cond{Key: key, Value: c.expected}), append(ops, Put(key, row))
 			held = append(held, &heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row,
 				untilMS: untilMS, sentMS: untilMS, lin: lin, trustFrom: start, prev: c.expected})
@@ -345,41 +358,46 @@ func claimUnits(scopes []Scope) int {
 	return n
 }
 
-// slotCandidate is a slot that a scan found free (or ours), and the row to
-// present when writing it (nil: absent).
+// slotCandidate is a slot that a scan found free, and the row to present
+// when writing it (nil: absent).
 type slotCandidate struct {
 	slot     int
 	expected *string
-	floorMS  int64 // the until_ms of the run's own row: a claim never shortens it
 }
 
-// takenSlot is a slot row a scan found: the raw row, and whether it is live.
+// takenSlot is a slot row a scan found: the raw row, and whether it is
+// free (expired). A row that does not parse is never free.
 type takenSlot struct {
 	raw  *string
-	live bool
+	free bool
 }
 
 // scopeState is what one read of a scope found: its slot rows and its queue.
 type scopeState struct {
-	nowMS   int64
-	taken   map[int]takenSlot // each row decoded once
-	own     []slotCandidate   // the run's own live slots below the limit
-	used    int               // live slot rows of other runs, and own ones at or above the limit
-	above   int               // live slot rows numbered at or above the limit
-	holders map[string]int    // live slot rows per run
+	nowMS int64
+	taken map[int]takenSlot // each row decoded once
+	// used counts the slots in use: every live slot row, the run's own
+	// included (a row belongs to the claim that wrote it, which a new
+	// claim is not), and every slot row that does not parse.
+	used    int
+	own     int // the live slot rows of the run, counted in used
+	corrupt int // the slot rows that do not parse, counted in used
+	above   int // live slot rows numbered at or above the limit
 	// slotRows are the slot rows read, for explanations (slotInfos):
 	// a claim does not pay for listing the holders.
 	slotRows []Row
 	queue    []queuedRow // the live queue entries, ranked
 	// entryRows holds every queue row and fair-share mark of the scope,
-	// live or not, by key.
+	// live or not, by key; badRows those that do not parse, which hold no
+	// place and which nothing writes over.
 	entryRows map[string]string
+	badRows   map[string]string
 	marks     map[string]int64 // live fair-share finishes by principal
 	nextMS    int64            // the earliest expiry of a live slot row or entry (0: none)
 }
 
-// slotInfos lists the live slot rows of sc in st, in key order: the
-// holders an explanation names.
+// slotInfos lists the live slot rows of sc in st, and those that do not
+// parse (Corrupt set), in key order: the holders an explanation names.
 func (st *scopeState) slotInfos(sc Scope) []SlotInfo {
 	var out []SlotInfo
 	for _, r := range st.slotRows {
@@ -387,16 +405,21 @@ func (st *scopeState) slotInfos(sc Scope) []SlotInfo {
 		if !ok || scope != sc.name {
 			continue
 		}
-		// decodeScope accepted every row of the scope.
-		if row, err := decodeRow(r.Value); err == nil && row.live(st.nowMS) {
+		row, err := decodeRow(r.Value)
+		switch {
+		case err != nil:
+			out = append(out, SlotInfo{Scope: sc.name, Slot: slot, Key: r.Key, Corrupt: true})
+		case row.live(st.nowMS):
 			out = append(out, SlotInfo{Scope: sc.name, Slot: slot, RunID: row.Holder, Until: row.until(), Key: r.Key})
 		}
 	}
 	return out
 }
 
-// readScope scans one scope's slots and queue. A row that does not parse
-// fails the read with a [*CorruptRowError]; nothing is ever written over it.
+// readScope scans one scope's slots and queue. A slot row that does not
+// parse counts as a slot in use, and a queue entry or fair-share mark that
+// does not parse holds no place (see decodeScope); nothing is ever written
+// over any of them.
 //
 // The fair-share marks rank a claim only against live waiters, so a claim
 // that does not queue (marks false) on a store without [MultiScanner]
@@ -408,7 +431,7 @@ func readScope(ctx context.Context, store Store, sc Scope, runID string, o optio
 	if err != nil {
 		return nil, err
 	}
-	return decodeScope(sc, runID, o, raw)
+	return decodeScopeFor(sc, runID, o, raw, orphanTest(store, runID))
 }
 
 // scopeRows is what the scans of one scope returned: its slot rows, its
@@ -448,10 +471,17 @@ func scanScope(ctx context.Context, store Store, sc Scope, marks bool) (scopeRow
 // decodeScope judges one scope's rows as of now, for runID. It never writes
 // through raw: the slot rows it points into may be shared.
 func decodeScope(sc Scope, runID string, o options, raw scopeRows) (*scopeState, error) {
+	return decodeScopeFor(sc, runID, o, raw, nil)
+}
+
+// decodeScopeFor is decodeScope where orphan, when not nil, tells the rows
+// of runID that no Slots of this process trusts (slots_orphans.go): they
+// are free slots for a claim of the run.
+func decodeScopeFor(sc Scope, runID string, o options, raw scopeRows, orphan func(key, row string) bool) (*scopeState, error) {
 	rows, qrows, mrows := raw.slots, raw.queue, raw.marks
 	var err error
 	now := o.nowMS()
-	st := &scopeState{nowMS: now, taken: make(map[int]takenSlot, len(rows)), holders: make(map[string]int, len(rows)),
+	st := &scopeState{nowMS: now, taken: make(map[int]takenSlot, len(rows)),
 		entryRows: make(map[string]string, len(qrows)), slotRows: rows}
 	for i := range rows {
 		r := &rows[i]
@@ -461,22 +491,30 @@ func decodeScope(sc Scope, runID string, o options, raw scopeRows) (*scopeState,
 		}
 		row, err := decodeRow(r.Value)
 		if err != nil {
-			return nil, corruptRow(r.Key, r.Value, err)
-		}
-		live := row.live(now)
-		st.taken[slot] = takenSlot{&r.Value, live}
-		if !live {
+			// It may be a live holder's row, damaged: it blocks its
+			// slot, whatever its number, until a person repairs it, and
+			// the other slots are claimed as usual.
+			st.taken[slot] = takenSlot{raw: &r.Value}
+			st.used++
+			st.corrupt++
 			continue
 		}
-		st.holders[row.Holder]++
+		live := row.live(now)
+		if live && row.Holder == runID && orphan != nil && orphan(r.Key, r.Value) {
+			live = false // the run's own, which no Slots trusts: free for its claims
+		}
+		st.taken[slot] = takenSlot{&r.Value, !live}
+		if !live {
+			continue // free, the run's own expired row as any other
+		}
 		if st.nextMS == 0 || row.UntilMS < st.nextMS {
 			st.nextMS = row.UntilMS
 		}
-		// The run's own row counts as held only while live: an expired one
-		// is a free slot like any other, or the limit would not hold.
-		if row.Holder == runID && slot < sc.limit {
-			st.own = append(st.own, slotCandidate{slot, &r.Value, row.UntilMS})
-			continue
+		// The run's own live row is in use too: another claim of the
+		// run (kept, abandoned or of a driver that died) wrote it and
+		// may still trust it.
+		if row.Holder == runID {
+			st.own++
 		}
 		st.used++
 		if slot >= sc.limit {
@@ -491,16 +529,17 @@ func decodeScope(sc Scope, runID string, o options, raw scopeRows) (*scopeState,
 		if err != nil {
 			return nil, err
 		}
-		st.entryRows = q.rows
+		st.entryRows, st.badRows = q.rows, q.bad
 		st.queue, next = q.liveAt(now)
-		if st.marks, err = scanMarks(mrows, sc.name, now, nil); err != nil {
+		if st.marks, err = scanMarks(mrows, sc.name, now, nil, map[string]string{}); err != nil {
 			return nil, err
 		}
 	} else {
-		if st.queue, next, err = scanQueue(qrows, sc.name, now, st.entryRows); err != nil {
+		st.badRows = map[string]string{}
+		if st.queue, next, err = scanQueue(qrows, sc.name, now, st.entryRows, st.badRows); err != nil {
 			return nil, err
 		}
-		if st.marks, err = scanMarks(mrows, sc.name, now, st.entryRows); err != nil {
+		if st.marks, err = scanMarks(mrows, sc.name, now, st.entryRows, st.badRows); err != nil {
 			return nil, err
 		}
 	}
@@ -520,6 +559,7 @@ type sharedQueue struct {
 	once  sync.Once
 	queue []queuedRow
 	rows  map[string]string
+	bad   map[string]string // the entries and marks that do not parse
 	err   error
 	// at is where each entry is in queue, by key, for a later scan's
 	// decoding to reuse.
@@ -579,10 +619,11 @@ func (q *sharedQueue) decode(raw scopeRows, scope string) (*sharedQueue, error) 
 		prev := q.prev
 		q.prev = nil
 		q.rows = make(map[string]string, len(raw.queue)+len(raw.marks))
-		if q.queue, _, q.err = scanQueueReusing(raw.queue, scope, math.MinInt64, q.rows, prev); q.err != nil {
+		q.bad = map[string]string{}
+		if q.queue, _, q.err = scanQueueReusing(raw.queue, scope, math.MinInt64, q.rows, q.bad, prev); q.err != nil {
 			return
 		}
-		if _, q.err = scanMarks(raw.marks, scope, math.MinInt64, q.rows); q.err != nil {
+		if _, q.err = scanMarks(raw.marks, scope, math.MinInt64, q.rows, q.bad); q.err != nil {
 			return
 		}
 		q.at = make(map[string]int32, len(q.queue))
@@ -624,9 +665,9 @@ func (s *Slots) claimRank(sc Scope, st *scopeState) *queueEntry {
 		Tag: rankOf([][]queuedRow{st.queue}, []map[string]int64{st.marks}, s.runID, s.o.principal, s.o.priority)}
 }
 
-// plan reads one scope and returns the slots to try in order: this run's
-// own live slots first, then free ones from slot 0 up. It fails when the
-// units the claim asks for, added to those other runs hold and those that
+// plan reads one scope and returns the free slots to try, from slot 0 up.
+// It fails when the units the claim asks for, added to those in use (the
+// run's own live rows and rows that do not parse included) and those that
 // live waiters ranked ahead of me reserve, exceed the limit; me is nil
 // for a claim that does not wait, ranked by claimRank. Slots numbered at or
 // above the limit (left by a host with a higher limit) count as held, so a
@@ -648,17 +689,17 @@ func (s *Slots) planFrom(sc Scope, st *scopeState, me *queueEntry) ([]slotCandid
 		me = s.claimRank(sc, st)
 	}
 	units := sc.Units()
-	v := judge(st.used, st.holders, st.queue, me)
+	v := judge(st.used, st.queue, me)
 	if !v.admits(units, sc.limit) {
 		return nil, &ConcurrencyLimitError{Scope: sc.name, Limit: sc.limit, Held: st.used, Ahead: len(v.ahead),
 			Reserved: v.reserved, Units: units}
 	}
-	out := st.own[:min(len(st.own), units):min(len(st.own), units)]
+	var out []slotCandidate
 	for k := 0; k < sc.limit && len(out) < sc.limit-st.used; k++ {
 		t, ok := st.taken[k]
 		if !ok {
 			out = append(out, slotCandidate{slot: k})
-		} else if !t.live {
+		} else if t.free {
 			out = append(out, slotCandidate{slot: k, expected: t.raw})
 		}
 	}
@@ -690,14 +731,19 @@ func (s *Slots) claimOne(ctx context.Context, sc Scope, cands []slotCandidate) e
 			continue // won by an earlier unit of this claim
 		}
 		start := time.Now()
-		row, untilMS, lin := s.claimRow(key, c.floorMS)
+		row, untilMS, lin := s.claimRow(key)
 		ok, err := casResolved(ctx, s.store, key, c.expected, row)
 		if err != nil {
+			if IsOutcomeUnknown(err) {
+				rememberOrphan(s.store, s.runID, key, row, untilMS, s.o.nowMS()) // it may land: nobody's
+			}
 			return err
 		}
 		if ok {
-			s.held = append(s.held, &heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row,
-				untilMS: untilMS, sentMS: untilMS, lin: lin, trustFrom: start, prev: c.expected})
+			h := &heldSlot{scope: sc.name, slot: c.slot, key: key, seen: row,
+				untilMS: untilMS, sentMS: untilMS, lin: lin, trustFrom: start, prev: c.expected}
+			s.held = append(s.held, h)
+			s.tookOver([]*heldSlot{h})
 			return nil
 		}
 		// Another claimant took this slot between the scan and the write.
@@ -716,7 +762,8 @@ func (s *Slots) holds(key string) bool {
 }
 
 // rollback puts the slots written by an unfinished claim back as they were.
-// If that fails, the slot is left to expire after its TTL.
+// If that fails, the slot is left to expire after its TTL, remembered as a
+// row of the run that no Slots trusts (slots_orphans.go).
 func (s *Slots) rollback(ctx context.Context) error {
 	var errs []error
 	for _, h := range s.held {
@@ -726,8 +773,29 @@ func (s *Slots) rollback(ctx context.Context) error {
 		} else {
 			_, err = casResolved(ctx, s.store, h.key, &h.seen, *h.prev)
 		}
+		if err != nil {
+			s.gaveUp([]*heldSlot{h})
+		}
 		errs = append(errs, err)
 	}
 	s.held = nil
 	return errors.Join(errs...)
+}
+
+// tookOver forgets, of the rows a claim just wrote over, those the process
+// remembered as trusted by no Slots: they are this claim's now.
+func (s *Slots) tookOver(held []*heldSlot) {
+	for _, h := range held {
+		if h.prev != nil {
+			forgetOrphan(s.store, s.runID, h.key, *h.prev)
+		}
+	}
+}
+
+// gaveUp remembers the rows of held, which a claim wrote or may have
+// written and then gave up, as trusted by no Slots of the process.
+func (s *Slots) gaveUp(held []*heldSlot) {
+	for _, h := range held {
+		rememberOrphan(s.store, s.runID, h.key, h.seen, h.untilMS, s.o.nowMS())
+	}
 }

@@ -53,25 +53,7 @@ func TestSlots(t *testing.T) {
 		assert.Equal(t, before, rows(t, s), "no slot in mem either, not even briefly")
 	})
 
-	t.Run("a_run_that_holds_a_slot_reuses_it", func(t *testing.T) {
-		t.Parallel()
-		s, clk := newSQLite(t), testkit.NewClock(epoch)
-		scopes := []runlease.Scope{runlease.MemScope(3)}
-		_, err := runlease.ClaimSlots(t.Context(), s, "other", scopes, runlease.WithClock(clk.Now))
-		require.NoError(t, err)
-		first, err := runlease.ClaimSlots(t.Context(), s, "r1", scopes, runlease.WithClock(clk.Now))
-		require.NoError(t, err)
-		require.NoError(t, first.Release(t.Context()))
-		first, err = runlease.ClaimSlots(t.Context(), s, "r1", scopes, runlease.WithClock(clk.Now))
-		require.NoError(t, err)
-		clk.Advance(time.Second)
-		again, err := runlease.ClaimSlots(t.Context(), s, "r1", scopes, runlease.WithClock(clk.Now))
-		require.NoError(t, err)
-		assert.Equal(t, first.Held()[0].Slot, again.Held()[0].Slot)
-		occ, err := runlease.Occupancy(t.Context(), s, runlease.WithClock(clk.Now))
-		require.NoError(t, err)
-		assert.Len(t, occ, 2, "one slot for r1, one for other")
-	})
+	// A second claim of a run that holds a slot: slots_claim_own_test.go.
 
 	t.Run("a_crashed_holders_slot_frees_after_its_ttl", func(t *testing.T) {
 		t.Parallel()
@@ -138,18 +120,7 @@ func TestSlots(t *testing.T) {
 		}, rows(t, s))
 	})
 
-	t.Run("a_corrupt_slot_row_is_refused_and_kept", func(t *testing.T) {
-		t.Parallel()
-		s := newSQLite(t)
-		put(t, s, "runslot:mem:0", "{oops")
-		_, err := runlease.ClaimSlots(t.Context(), s, "r1", []runlease.Scope{runlease.MemScope(3)})
-		require.ErrorIs(t, err, runlease.ErrCorruptRow)
-		assert.Equal(t, []runlease.Row{{Key: "runslot:mem:0", Value: "{oops"}}, rows(t, s))
-		occ, err := runlease.Occupancy(t.Context(), s)
-		require.NoError(t, err)
-		require.Len(t, occ, 1)
-		assert.True(t, occ[0].Corrupt, "status shows the blocked slot")
-	})
+	// Corrupt slot rows, queue entries and marks: slots_corrupt_test.go.
 
 	t.Run("a_longer_scope_name_sharing_the_prefix_is_not_counted", func(t *testing.T) {
 		t.Parallel()
