@@ -211,8 +211,9 @@ func (c *cli) warnCorrupt(r *report, watching bool) error {
 	if len(slots) > 0 {
 		what = append(what, "slot "+strings.Join(quoteAll(slots), ", "))
 	}
-	fmt.Fprintf(c.stderr, "runlease: warning: %s (%s): a row that does not parse blocks its run or slot "+
-		"until it is repaired; see \"runlease repair --help\"\n", plural(n, "corrupt row"), strings.Join(what, "; "))
+	fmt.Fprintf(c.stderr, "runlease: warning: %s (%s): a row that does not parse blocks its run or its one slot "+
+		"(the scope's other slots are claimed as usual) until it is repaired; see \"runlease repair --help\"\n",
+		plural(n, "corrupt row"), strings.Join(what, "; "))
 	if watching {
 		return nil
 	}

@@ -37,7 +37,8 @@ func TestStatusListsEveryLeaseAndScopeForPeople(t *testing.T) {
 		assert.Regexp(t, re, r.stdout)
 	}
 	assert.Equal(t, "runlease: warning: 1 corrupt row (lease of \"corrupt-run\"): a row that does not parse "+
-		"blocks its run or slot until it is repaired; see \"runlease repair --help\"\n", r.stderr)
+		"blocks its run or its one slot (the scope's other slots are claimed as usual) until it is repaired; "+
+		"see \"runlease repair --help\"\n", r.stderr)
 }
 
 func TestStatusPrintsJSONForScripts(t *testing.T) {
