@@ -110,6 +110,7 @@ type batchMember struct {
 	j        *job      // its keeper's job: a member of the batch
 	trustEnd time.Time // its keeper's trust window end, as the look found it
 	observed time.Time // the lease's trustFrom then: a write landed since renewed it
+	locked   bool      // the batch holds the lease's write token
 }
 
 // startBatchLocked starts renewing the leases of group in one call. The call
@@ -132,14 +133,35 @@ func (r *Renewer) startBatchLocked(m MultiCASer, group []dueLease, now time.Time
 		dl.k.leaseJob = &backing[i]
 		members[i] = batchMember{k: dl.k, j: &backing[i], trustEnd: dl.trustEnd, observed: dl.k.lease.state().trustFrom}
 	}
+	// With a place in flight free, the batch takes it and its tokens now,
+	// before the leases renewed alone in this pass start: a second keeper
+	// of a member's lease then finds it renewed, rather than racing the
+	// batch for the token and leaving the member to renew alone.
+	placed := false
+	select {
+	case r.sem <- struct{}{}:
+		placed = true
+		lockMembers(members)
+	default:
+	}
 	r.jobs.Add(1)
 	go func() {
 		defer r.jobs.Done()
-		r.runBatch(ctx, m, b, members)
+		r.runBatch(ctx, m, b, members, placed)
 	}()
 }
 
-// runBatch renews the leases of members, batch b, in one call on ctx.
+// lockMembers takes the write token of each member's lease that is free,
+// without waiting.
+func lockMembers(members []batchMember) {
+	for i := range members {
+		members[i].locked = members[i].k.lease.tryLock()
+	}
+}
+
+// runBatch renews the leases of members, batch b, in one call on ctx; when
+// placed, the batch holds its place in flight and the tokens of members
+// locked already.
 //
 // It takes its place among the renewals in flight before it takes any
 // lease's write token, so a batch waiting for a place holds no lease: a
@@ -150,11 +172,17 @@ func (r *Renewer) startBatchLocked(m MultiCASer, group []dueLease, now time.Time
 // its write) renews alone, each on a goroutine of its own bounded by its own
 // keeper's trust window, so that one member's hung read-back or write holds
 // up no other member.
-func (r *Renewer) runBatch(ctx context.Context, m MultiCASer, b *batchJob, members []batchMember) {
+func (r *Renewer) runBatch(ctx context.Context, m MultiCASer, b *batchJob, members []batchMember, placed bool) {
 	start := time.Now()
 	errs := make([]error, len(members))
 	var alone []bool
-	if err := r.takeSem(ctx); err != nil {
+	var err error
+	if !placed {
+		if err = r.takeSem(ctx); err == nil {
+			lockMembers(members)
+		}
+	}
+	if err != nil {
 		for i := range errs {
 			errs[i] = err
 		}
@@ -342,10 +370,10 @@ func (l *Lease) renewUnlessRenewed(ctx context.Context, observed time.Time) erro
 
 // renewMany renews the leases of members, which share store m and are
 // distinct, in one MetaCASMany call on ctx, and puts each lease's outcome in
-// errs. It takes each lease's write token without waiting, and gives it back
-// as soon as that lease's outcome is known, before it looks at the next
-// member's. It returns, by member, those it left to renew alone: a lease
-// whose token was busy (a write of it is in flight), and a lease whose write
+// errs. It gives each token the batch holds back as soon as that lease's
+// outcome is known, before it looks at the next member's. It returns, by
+// member, those it left to renew alone: a lease whose token the batch could
+// not take (a write of it was in flight), and a lease whose write
 // the store refused, which must be resolved by reads and writes of that
 // lease alone (Renew would read the row back, and adopt a row of its own). A
 // lease a write renewed since the batch was planned is renewed already; a
@@ -366,7 +394,7 @@ func renewMany(ctx context.Context, m MultiCASer, members []batchMember, errs []
 	start := time.Now()
 	for i, mb := range members {
 		l := mb.k.lease
-		if !l.tryLock() {
+		if !mb.locked {
 			// Never wait for a token while holding others (CONCURRENCY.md,
 			// rule 3).
 			alone[i] = true
