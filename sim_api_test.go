@@ -84,12 +84,16 @@ func (simAPI) Prune(ctx context.Context, s runlease.Store, olderThan time.Durati
 func (simAPI) NewRenewer() sim.Renewer { return &runlease.Renewer{} }
 
 func (simAPI) Keep(ctx context.Context, r sim.Renewer, l sim.Lease, spec sim.KeepSpec) (sim.Keeper, error) {
-	opts := []runlease.Option{runlease.WithHooks(runlease.Hooks{
+	hooks := runlease.Hooks{
 		Lost: func(ev runlease.LossEvent) { spec.Lost(ev.Err) },
 		SlotsLost: func(ev runlease.SlotLossEvent) {
 			spec.SlotsLost(ev.Err.RunID, ev.Err.Keys, ev.Err)
 		},
-	})}
+	}
+	if spec.Renewed != nil {
+		hooks.Renewed = func(ev runlease.RenewEvent) { spec.Renewed(ev.Err) }
+	}
+	opts := []runlease.Option{runlease.WithHooks(hooks)}
 	switch {
 	case spec.Slots != nil && spec.Strict:
 		opts = append(opts, runlease.KeepSlotsStrict(spec.Slots.(simSlots).s))

@@ -121,4 +121,7 @@ type KeepSpec struct {
 	// SlotsLost is called with the slot run and keys of lost slots, and the
 	// error that reports them.
 	SlotsLost func(slotRun string, keys []string, err error)
+	// Renewed, when not nil, is called after each renewal attempt of the
+	// keeper, with its error.
+	Renewed func(err error)
 }

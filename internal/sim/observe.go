@@ -52,6 +52,12 @@ func (w *World) observe(fresh bool) {
 		}
 	}
 	if fresh {
+		w.mu.Lock()
+		all := append([]*keeperRec(nil), w.keepers...)
+		w.mu.Unlock()
+		for _, r := range all {
+			w.observeTrust(r, now)
+		}
 		w.observeSlots()
 	}
 	w.observeQueue()

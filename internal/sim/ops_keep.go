@@ -76,12 +76,20 @@ func (w *World) beginKeep(a *actor, kind string, l Lease, run string, fence uint
 	rec := &keeperRec{id: len(w.keepers) + 1, a: a, lease: l, run: run, holder: a.holder, fence: fence, epoch: epoch, slots: slots, renewer: ri,
 		superseded: a.shadowed && a.lease == l}
 	w.mu.Unlock()
+	w.planHooks(rec)
 	spec := KeepSpec{Slots: slots,
 		Lost: func(err error) {
 			w.tracef("keeper k%d of %s lost: %v", rec.id, run, errText(err))
 			w.checkLoss(fmt.Sprintf("keeper k%d (Lost hook)", rec.id), l, run, a.holder, fence, err)
+			w.inHook(rec, "Lost")
 		},
-		SlotsLost: func(slotRun string, keys []string, err error) { w.onSlotsLost(rec, slotRun, keys, err) },
+		SlotsLost: func(slotRun string, keys []string, err error) {
+			w.onSlotsLost(rec, slotRun, keys, err)
+			w.inHook(rec, "SlotsLost")
+		},
+	}
+	if rec.hooks.hook == "Renewed" {
+		spec.Renewed = func(error) { w.inHook(rec, "Renewed") }
 	}
 	if w.mode.KeepTTL > 0 && w.rng.IntN(2) == 0 {
 		spec.TTL = w.mode.KeepTTL

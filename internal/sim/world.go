@@ -74,6 +74,7 @@ type keeperRec struct {
 	stopped bool
 	trusted time.Time // TrustedUntil at the last fresh look
 	strict  bool      // its slots are kept with KeepSlotsStrict
+	hooks   hookPlan  // what its hooks do to it (hooks.go)
 	// superseded is set when its driver began to re-enter the run, or an
 	// acquisition of the run made at the same time as its lease's failed
 	// with an unknown outcome: a row of

@@ -1,0 +1,116 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// hookPlan is what a keeper's hooks do to it, once: nothing, or, from one
+// hook, Stop it, Release through it, or Renew its lease. The hook runs on
+// whatever goroutine the library runs it on (a renewal's, the Renewer's
+// loop, a caller's while its call on the lease returns), so each of these
+// must return there, as from any other goroutine.
+type hookPlan struct {
+	act  string // "", "stop", "release" or "renew"
+	hook string // "Lost", "SlotsLost" or "Renewed"
+	done bool   // the hook acted already
+}
+
+// planHooks draws what the hooks of rec, a keeper about to start, will do.
+// A release is made only from the Lost hook, of a keeper that keeps no
+// slots: its driver has lost the lease then, and gives it up; releasing a
+// lease or slots the driver still uses is the workload's own business. The
+// draw comes from a source of the seed and the keeper's number, not from
+// the schedule's, so that every schedule's other choices stay as they were.
+func (w *World) planHooks(rec *keeperRec) {
+	rng := rand.New(rand.NewPCG(w.seed^0x6a09e667f3bcc909, uint64(rec.id)))
+	hooks := []string{"Lost", "SlotsLost", "Renewed"}
+	switch rng.IntN(6) {
+	case 0:
+		rec.hooks = hookPlan{act: "stop", hook: hooks[rng.IntN(3)]}
+	case 1:
+		rec.hooks = hookPlan{act: "renew", hook: hooks[rng.IntN(3)]}
+	case 2:
+		if rec.slots == nil {
+			rec.hooks = hookPlan{act: "release", hook: "Lost"}
+		}
+	}
+}
+
+// inHook runs what rec's plan says hook does, once, as an operation of its
+// driver whose bound the observer checks: a call that waits for the hook's
+// own goroutine, or for a write token that goroutine holds, never returns.
+func (w *World) inHook(rec *keeperRec, hook string) {
+	w.mu.Lock()
+	plan, k, a := rec.hooks, rec.k, rec.a
+	if plan.act == "" || plan.hook != hook || plan.done || k == nil {
+		w.mu.Unlock()
+		return
+	}
+	rec.hooks.done = true
+	now := time.Now()
+	o := &op{id: len(w.ops) + 1, desc: fmt.Sprintf("%s hook of k%d: %s", hook, rec.id, plan.act), a: a, gen: a.gen,
+		start: now, bound: now.Add(callTimeout + promptly)}
+	w.ops = append(w.ops, o)
+	if plan.act == "release" {
+		w.releasing[rec.lease] = true
+	}
+	w.mu.Unlock()
+	w.tracef("start #%d d%d %s", o.id, a.id, o.desc)
+	ctx, cancel := context.WithTimeout(withOp(context.Background(), o.id), callTimeout)
+	defer cancel()
+	var err error
+	switch plan.act {
+	case "stop":
+		k.Stop()
+	case "renew":
+		start := time.Now()
+		if err = rec.lease.Renew(ctx); err == nil {
+			w.confirm(rec.lease, start)
+		}
+		w.checkLoss(o.desc, rec.lease, rec.run, rec.holder, rec.fence, err)
+		w.checkLossEndedKeepers(o.desc, rec.lease, rec.run, err)
+		w.markLost(a, rec.lease, err)
+	case "release":
+		err = k.Release(ctx)
+		w.checkLoss(o.desc, rec.lease, rec.run, rec.holder, rec.fence, err)
+		if err == nil {
+			w.checkReleased(o.desc, rec.lease, rec.run, rec.holder, rec.fence)
+		}
+		w.markLost(a, rec.lease, err)
+	}
+	w.tracef("done  #%d d%d %s: %v", o.id, a.id, o.desc, errText(err))
+	w.mu.Lock()
+	o.done = true
+	if plan.act != "renew" {
+		rec.stopped = true
+	}
+	if plan.act == "release" && a.lease == rec.lease {
+		a.lost = true // the driver gives the lease up and starts again
+	}
+	w.mu.Unlock()
+}
+
+// observeTrust judges what TrustedUntil says of rec, a keeper that has
+// ended or whose lease a call found lost: that nothing is trusted beyond
+// now. A keeper's own renewals may renew its lease after it ended (one in
+// flight when it was stopped), which must not revive its trust.
+func (w *World) observeTrust(rec *keeperRec, now time.Time) {
+	w.mu.Lock()
+	lostAt, lost := w.lostAt[rec.lease]
+	w.mu.Unlock()
+	ended := rec.work.Err() != nil
+	if !ended && !lost {
+		return
+	}
+	if trusted := rec.k.TrustedUntil(); trusted.After(now) {
+		why := "has ended"
+		if !ended {
+			why = fmt.Sprintf("lease was reported lost %s ago", fmtDur(now.Sub(lostAt)))
+		}
+		w.violate("trust-after-end", fmt.Sprintf("%d", rec.id),
+			"keeper k%d of %s %s, yet TrustedUntil is %s from now", rec.id, rec.run, why, fmtDur(trusted.Sub(now)))
+	}
+}
