@@ -30,6 +30,9 @@ type stoppedError struct{ cause error }
 func keeperStopped(cause error) error { return &stoppedError{cause} }
 
 func (e *stoppedError) Error() string {
+	if e.cause == nil {
+		return ErrKeeperStopped.Error()
+	}
 	return ErrKeeperStopped.Error() + ": " + strings.ReplaceAll(e.cause.Error(), "\n", "; ")
 }
 

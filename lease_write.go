@@ -381,8 +381,16 @@ func (l *Lease) lose(lost *LeaseLostError, tombstone ...string) error {
 			ended = append(ended, k.r.endLater(k, lost))
 		}
 		l.mu.Lock()
-		l.ended = append(l.ended, ended...)
+		held := l.writing
+		if held {
+			l.ended = append(l.ended, ended...)
+		}
 		l.mu.Unlock()
+		if !held { // no write token to wait for
+			for _, report := range ended {
+				report()
+			}
+		}
 	}
 	if len(tombstone) > 0 {
 		rememberReleased(l.store, l.key, tombstone[0])
