@@ -106,15 +106,12 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: with(slotTests, sims...), Env: simEnv,
 	},
 	{
-		Name:   "own-expired-slot-reused",
+		Name:   "own-live-slot-reused",
 		File:   "slots_claim.go",
-		Old:    "if !live {\n\t\t\tcontinue\n\t\t}",
-		New:    "if !live && row.Holder != runID {\n\t\t\tcontinue\n\t\t}\n\t\tif !live {\n\t\t\tst.own = append(st.own, slotCandidate{slot, &r.Value, row.UntilMS})\n\t\t\tcontinue\n\t\t}",
-		Breaks: "A run's own expired slot row counts as its own slot, so a claim re-uses it without counting it against the limit.",
-		Pkg:    ".", Tests: with(slotTests, sims...), Env: simEnv,
-		Gap: "Unreachable since claims judge the limit by the units other runs hold plus those asked " +
-			"(judge in queue.go), whatever the run's own rows: re-using its expired row is then taking a free slot. " +
-			"Kept so that a return to counting own rows apart is caught by review of this entry.",
+		Old:    "if row.Holder == runID {\n\t\t\tst.own++\n\t\t}",
+		New:    "if row.Holder == runID {\n\t\t\tst.own++\n\t\t\tst.taken[slot] = takenSlot{&r.Value, true}\n\t\t\tcontinue\n\t\t}",
+		Breaks: "A run's own live slot row counts as a free slot, so a second claim of the run writes over a row the first still trusts, and its release lets another run past the limit.",
+		Pkg:    ".", Tests: with(slotTests, append([]string{"TestSlotRowsBelongToOneClaim", "TestSlotRowsOfAnEarlierDriverStayItsOwn"}, sims...)...), Env: simEnv,
 	},
 	{
 		Name:   "longer-scope-counted",
