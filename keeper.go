@@ -313,29 +313,30 @@ func (k *Keeper) TrustedUntil() time.Time {
 // and records its outcome on the Lease, whose next call waits for it (or for
 // that call's context). Stopping an ended keeper ends nothing more.
 //
-// Stop, and so Release, may be called from one of the keeper's own hooks:
-// called while a hook of the keeper runs, Stop ends the keeper and waits for
-// nothing, since the goroutine running the hook may be the very renewal or
-// loop it would wait for; that goroutine exits once the hook returns. No
-// hook runs while the hook's goroutine holds the lease's write token, so a
-// hook may also call the lease (Renew, Release).
+// Stop, and so Release, may be called from one of the keeper's own hooks.
+// Called while a hook of the keeper runs, Stop ends the keeper but waits
+// neither for its lease renewal in flight nor for its Renewer's goroutine,
+// since the goroutine running the hook may be either; that goroutine exits
+// once the hook returns. No hook runs while its goroutine holds the lease's
+// write token, so a hook may also call the lease (Renew, Release).
 func (k *Keeper) Stop() {
 	k.r.end(k, ErrKeeperStopped)
+	hooking := k.hooking.Load() > 0
 	k.r.mu.Lock()
 	var waits []chan struct{}
 	for _, j := range []*job{k.leaseJob, k.slotJob()} {
-		if j != nil && j.batch == nil {
+		// A hook of the keeper may run on the goroutine of its lease
+		// renewal, never on that of a slot renewal alone, which reports
+		// to no hook: while a hook runs, only the latter is waited for.
+		if j != nil && j.batch == nil && !(hooking && j == k.leaseJob) {
 			waits = append(waits, j.done)
 		}
 	}
 	k.r.mu.Unlock()
-	if k.hooking.Load() > 0 {
-		return
-	}
 	for _, w := range waits {
 		<-w
 	}
-	if k.r.own {
+	if k.r.own && !hooking {
 		k.r.waitIdle()
 	}
 }
