@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/testkit"
@@ -192,4 +194,28 @@ func hookCalls(t *testing.T, hc hookCase, do func(*runlease.Keeper) error, share
 	kk.Stop() // the test's own Stop waits for every renewal of the keeper
 	require.Error(t, kk.Err())
 	r.Close()
+}
+
+// TestAKeeperReleasedFromItsLostHookLeavesNoGoroutine: outside a synctest
+// bubble, with real time, a keeper released from its own Lost hook (the
+// natural clean-up) leaves no goroutine behind once the hook has returned.
+func TestAKeeperReleasedFromItsLostHookLeavesNoGoroutine(t *testing.T) {
+	s, err := runlease.OpenSQLite(filepath.Join(t.TempDir(), "runs.db"))
+	require.NoError(t, err)
+	defer s.Close()
+	before := goleak.IgnoreCurrent()
+	l, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithTTL(5*time.Second))
+	require.NoError(t, err)
+	keeper := make(chan *runlease.Keeper, 1)
+	released := make(chan error, 1)
+	k, err := runlease.Keep(context.Background(), l, runlease.KeepInterval(runlease.MinKeepInterval),
+		runlease.WithHooks(runlease.Hooks{Lost: func(runlease.LossEvent) {
+			released <- (<-keeper).Release(context.Background())
+		}}))
+	require.NoError(t, err)
+	keeper <- k
+	forceRelease(t, s) // the keeper's next renewal finds it
+	require.ErrorIs(t, <-released, runlease.ErrReleased)
+	<-k.Done()
+	goleak.VerifyNone(t, before)
 }
