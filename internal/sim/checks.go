@@ -62,6 +62,7 @@ func (w *World) checkTrustExpiry(call string, l Lease, run string, err error) {
 			"%s of %s reported the trust window run out, %s after a call on the lease that began at t=%s succeeded: %v",
 			call, run, fmtDur(time.Since(start)), fmtDur(start.Sub(w.start)), err)
 	}
+	w.checkLandedTrust(call, l, run, err)
 }
 
 // confirmation is a call on a lease that succeeded: when it began, and

@@ -85,6 +85,11 @@ const (
 	MultiCAS                // MetaCASMany (batched renewals)
 	SlotWrite               // writes of slot rows
 	Read                    // MetaGet and MetaScan
+	// Resolve is the first single-key call (MetaCAS or MetaGet) on a key
+	// whose write a batched compare-and-swap refused: the start of that
+	// lease's resolution on its own. A weather that gives this class no
+	// faults leaves the call to its own class.
+	Resolve
 	numClasses
 )
 

@@ -118,6 +118,13 @@ var (
 	// different runs interleave between their reads and their writes.
 	slowSlots = Weather{Name: "slow-slots", Rates: [numClasses]Rates{SlotWrite: {Slow: 0.6}, Read: {Slow: 0.4}}}
 	batchHang = Weather{Name: "batch-hang", Rates: [numClasses]Rates{MultiCAS: {Hang: 0.5, HangApplied: 0.2}}}
+	// memberHang loses the replies of fenced writes that applied, and of
+	// batched renewals that applied in part, and fails the reads that
+	// would tell, so that the next batch finds some members' rows moved on
+	// and refuses them; it hangs the resolution each refused member then
+	// makes on its own, some of it deaf to its context.
+	memberHang = Weather{Name: "member-hang", Rates: [numClasses]Rates{
+		UserBatch: {Fail: 0.3, Lost: 0.5}, MultiCAS: {Lost: 0.1}, Read: {Fail: 0.5}, Resolve: {Hang: 0.5, Deaf: 0.25}}}
 	// deafSlots answers some slot writes up to one and a half TTLs late
 	// whatever their context says, while lease writes go through.
 	deafSlots = Weather{Name: "deaf-slots", Rates: [numClasses]Rates{SlotWrite: {Deaf: 0.3}}}
@@ -211,6 +218,9 @@ func init() {
 	addMode(Mode{Name: "stop", Doc: "batched renewals that hang, stopped and released by their drivers",
 		Actors: 4, Runs: 4, Shared: 1, OpP: 0.85, Weather: []Weather{batchHang}, OneKeeper: true,
 		Ops: map[string]float64{"acquire": 3, "keep-shared": 4, "stop": 2, "keeper-release": 2, "close-renewer": 0.5, "abandon": 0.3}})
+	addMode(Mode{Name: "member-hang", Doc: "batched renewals one of whose members hangs in its own resolution (the compare-and-swap of a refused write, some deaf to its context) while the other members are due, renewed and released",
+		Actors: 10, Runs: 10, Shared: 1, OpP: 0.45, Steps: 240, Deaf: true, WeatherP: 0.06, Weather: []Weather{memberHang, healthy},
+		Ops: map[string]float64{"acquire": 3, "keep-shared": 5, "write": 1, "reenter": 0.5, "stop": 0.1, "keeper-release": 0.3, "release-kept": 0.3, "abandon": 0.05}})
 	addMode(Mode{Name: "wait", Doc: "AcquireWait with contexts that end while it waits or calls the store",
 		Actors: 3, Runs: 1, WeatherP: 0.1, Weather: []Weather{healthy, hanging, flaky}, Serial: true,
 		Ops: map[string]float64{"acquire": 1, "acquire-wait": 4, "release": 1, "renew": 1, "abandon": 0.5}})

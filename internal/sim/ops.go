@@ -285,6 +285,7 @@ func (w *World) begin(a *actor, kind string) {
 			kept := w.keepersOf(a)
 			w.mu.Unlock()
 			err := l.Release(ctx)
+			w.checkReleaseWait(o, "Release", run, o.start, err)
 			// Release stops the lease's keepers first, whatever its outcome.
 			for _, r := range kept {
 				if r.work.Err() == nil {

@@ -176,7 +176,11 @@ func (w *World) beginKeeperRelease(a *actor, act []*keeperRec, run string, fence
 		w.mu.Lock()
 		w.releasing[rec.lease] = true
 		w.mu.Unlock()
+		start := time.Now()
 		err := rec.k.Release(ctx)
+		if rec.slots == nil { // else the error may be the slots' release's
+			w.checkReleaseWait(o, "Keeper.Release", rec.run, start, err)
+		}
 		w.mu.Lock()
 		rec.stopped = true
 		if rec.slots != nil && a.slots == rec.slots {

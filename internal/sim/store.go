@@ -18,6 +18,9 @@ type watcher interface {
 	// batching is told of a batch whose conditions hold, before its
 	// writes apply, and how long ago it was sent.
 	batching(ops []runlease.Op, at time.Time, op int, took time.Duration)
+	// acked is told of a write that applied and whose success reached the
+	// caller: the call was sent at sent and returned at at.
+	acked(key, value string, sent, at time.Time)
 }
 
 // opKey tags a context with the id of the workload operation it serves, so
@@ -76,12 +79,36 @@ type Store struct {
 	// cut lists the operations whose process died: their calls fail, not
 	// applied, from then on.
 	cut map[int]bool
+	// refused holds the keys whose write a batched compare-and-swap
+	// refused, until the next single-key call on the key (class Resolve).
+	refused map[string]bool
+	// collect, while a call applies, gathers the writes it applies, to be
+	// reported as acknowledged if the call succeeds.
+	collect *[]appliedWrite
+	// busy counts, per lease key, the calls in flight that touch it; idle
+	// holds the spans of fake time in which none did, and idleFrom the
+	// start of the current span of a key with none in flight (absent: since
+	// the store was made, at made). See IdleDuring.
+	busy     map[string]int
+	idle     map[string][]span
+	idleFrom map[string]time.Time
+	made     time.Time
 }
+
+// appliedWrite is a write a call applied: value nil for a deletion.
+type appliedWrite struct {
+	key   string
+	value *string
+}
+
+// span is a stretch of fake time.
+type span struct{ from, to time.Time }
 
 func newStore(seed uint64, w watcher, trace func(string, ...any)) *Store {
 	return &Store{rows: map[string]string{}, dec: decider{seed: seed, count: map[string]uint64{}},
 		weather: healthy, heal: make(chan struct{}), watch: w, logs: map[int][]callRecord{}, trace: trace,
-		cut: map[int]bool{}}
+		cut: map[int]bool{}, refused: map[string]bool{}, busy: map[string]int{}, idle: map[string][]span{},
+		idleFrom: map[string]time.Time{}, made: time.Now()}
 }
 
 // detach cuts the store off from its schedule once the schedule is over:
@@ -98,6 +125,7 @@ func (s *Store) detach() {
 	s.watch = detached{}
 	s.trace = func(string, ...any) {}
 	s.logs = map[int][]callRecord{}
+	s.idle, s.idleFrom = map[string][]span{}, map[string]time.Time{}
 }
 
 // detached is the watcher of a store whose schedule is over.
@@ -105,6 +133,7 @@ type detached struct{}
 
 func (detached) applied(string, *string, *string, time.Time, int)      {}
 func (detached) batching([]runlease.Op, time.Time, int, time.Duration) {}
+func (detached) acked(string, string, time.Time, time.Time)            {}
 
 // ClockNow is the store's clock: the bubble's clock plus the steps taken.
 func (s *Store) ClockNow() (time.Time, time.Duration) {
@@ -166,6 +195,12 @@ func (s *Store) begin(ctx context.Context, op, key string, class Class) (Outcome
 		return Fail, &runlease.StorageError{Op: op, Key: key, Err: errCut}
 	}
 	x, r := s.dec.draw(op, key)
+	if s.refused[key] && (op == "MetaCAS" || op == "MetaGet") {
+		delete(s.refused, key)
+		if s.weather.Rates[Resolve] != (Rates{}) {
+			class = Resolve
+		}
+	}
 	o := OK
 	if !s.healed {
 		o = s.weather.Rates[class].pick(x)
@@ -188,6 +223,7 @@ func (s *Store) finish(ctx context.Context, op, key string, o Outcome, conds []r
 // completes the record under the store's mutex once apply has run.
 func (s *Store) finishRec(ctx context.Context, rec callRecord, after func(*callRecord), apply func() bool) (bool, error) {
 	op, key, o := rec.op, rec.key, rec.outcome
+	sent := time.Now()
 	var cause error = errInjected
 	if o == Deaf {
 		s.mu.Lock()
@@ -244,11 +280,19 @@ func (s *Store) finishRec(ctx context.Context, rec callRecord, after func(*callR
 		o, rec.outcome, cause = Unsent, Unsent, errCut
 	}
 	ok := false
+	var writes []appliedWrite
 	if o == OK || o == Lost || o == HangApplied {
-		s.writer = opOf(ctx)
+		s.writer, s.collect = opOf(ctx), &writes
 		ok = apply()
-		s.writer = 0
+		s.writer, s.collect = 0, nil
 		rec.applied = ok
+	}
+	if o == OK {
+		for _, w := range writes {
+			if w.value != nil {
+				s.watch.acked(w.key, *w.value, sent, time.Now())
+			}
+		}
 	}
 	if after != nil {
 		after(&rec)
@@ -278,6 +322,9 @@ func (s *Store) putLocked(key string, value *string) {
 	} else {
 		s.rows[key] = *value
 	}
+	if s.collect != nil {
+		*s.collect = append(*s.collect, appliedWrite{key, value})
+	}
 	s.watch.applied(key, old, value, s.nowLocked(), s.writer)
 }
 
@@ -287,6 +334,68 @@ func (s *Store) holds(key string, expected *string) bool {
 		return !ok
 	}
 	return ok && v == *expected
+}
+
+// track records that a call touching keys is in flight, and returns the
+// func that records its end. Only lease keys are tracked.
+func (s *Store) track(keys ...string) (untrack func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var mine []string
+	for _, k := range keys {
+		if !strings.HasPrefix(k, runlease.LeasePrefix) {
+			continue
+		}
+		mine = append(mine, k)
+		if s.busy[k]++; s.busy[k] == 1 {
+			from, ok := s.idleFrom[k]
+			if !ok {
+				from = s.made
+			}
+			if now := time.Now(); now.After(from) {
+				s.idle[k] = append(s.idle[k], span{from, now})
+			}
+			delete(s.idleFrom, k)
+		}
+	}
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, k := range mine {
+			if s.busy[k]--; s.busy[k] == 0 {
+				delete(s.busy, k)
+				s.idleFrom[k] = time.Now()
+			}
+		}
+	}
+}
+
+// IdleDuring returns the longest stretch of fake time between from and to
+// in which no call touching key was in flight.
+func (s *Store) IdleDuring(key string, from, to time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var longest time.Duration
+	overlap := func(a, b time.Time) {
+		if a.Before(from) {
+			a = from
+		}
+		if b.After(to) {
+			b = to
+		}
+		longest = max(longest, b.Sub(a))
+	}
+	for _, sp := range s.idle[key] {
+		overlap(sp.from, sp.to)
+	}
+	if s.busy[key] == 0 {
+		since, ok := s.idleFrom[key]
+		if !ok {
+			since = s.made
+		}
+		overlap(since, to)
+	}
+	return longest
 }
 
 func classOf(key string) Class {
@@ -302,6 +411,7 @@ func (s *Store) MetaGet(ctx context.Context, key string) (string, bool, error) {
 	if err != nil {
 		return "", false, err
 	}
+	defer s.track(key)()
 	if o != OK && o != Fail && o != Slow && o != Stall {
 		o = Hang
 	}
@@ -350,6 +460,7 @@ func (s *Store) MetaCAS(ctx context.Context, key string, expected *string, value
 	if err != nil {
 		return false, err
 	}
+	defer s.track(key)()
 	return s.finishRec(ctx, callRecord{op: "MetaCAS", key: key, outcome: o, expected: expected}, nil, func() bool {
 		if !s.holds(key, expected) {
 			return false
@@ -368,6 +479,7 @@ func (s *Store) MetaDelete(ctx context.Context, key, expected string) (bool, err
 	if err != nil {
 		return false, err
 	}
+	defer s.track(key)()
 	return s.finish(ctx, "MetaDelete", key, o, nil, func() bool {
 		if !s.holds(key, &expected) {
 			return false
@@ -399,6 +511,14 @@ func (s *Store) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runl
 	if err != nil {
 		return false, err
 	}
+	keys := make([]string, 0, len(conds)+len(ops))
+	for _, c := range conds {
+		keys = append(keys, c.Key)
+	}
+	for _, op := range ops {
+		keys = append(keys, op.Key)
+	}
+	defer s.track(keys...)()
 	return s.finish(ctx, "MetaBatch", key, o, conds, func() bool {
 		for _, c := range conds {
 			if !s.holds(c.Key, c.Value) {
@@ -432,6 +552,11 @@ func (s *Store) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]
 	if err != nil {
 		return nil, err
 	}
+	keys := make([]string, len(writes))
+	for i, w := range writes {
+		keys[i] = w.Key
+	}
+	defer s.track(keys...)()
 	swapped := make([]bool, len(writes))
 	_, err = s.finish(ctx, "MetaCASMany", key, o, nil, func() bool {
 		for i, w := range writes {
@@ -449,6 +574,13 @@ func (s *Store) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]
 	if err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	for i, w := range writes {
+		if !swapped[i] {
+			s.refused[w.Key] = true
+		}
+	}
+	s.mu.Unlock()
 	return swapped, nil
 }
 

@@ -134,6 +134,7 @@ type World struct {
 	releasing   map[Lease]bool           // leases whose driver called a release
 	fenceHolder map[string]string        // run|fence → the holder granted it first
 	confirmed   map[Lease][]confirmation // the calls on the lease that succeeded
+	acks        map[string][]ackedRow    // run → the latest lease rows whose writes the store acknowledged
 	opWriter    map[string]int           // key → the operation whose call last wrote it, when known
 	strictLost  map[*keeperRec]time.Time // strict keepers whose SlotsLost hook reported a loss, and when
 	// epoch counts, per run, the deletions of its lease row (by Prune):
