@@ -404,8 +404,6 @@ func renewMany(ctx context.Context, m MultiCASer, members []batchMember, errs []
 		switch {
 		case l.lost != nil:
 			errs[i] = l.lost
-		case l.releasing:
-			errs[i] = l.errReleasing()
 		case !l.trustFrom.Equal(mb.observed):
 			// Renewed since the batch was planned (a fenced Write, or
 			// another keeper of the lease).
