@@ -198,11 +198,19 @@ func (k *Keeper) Err() error {
 		r.mu.Lock()
 	}
 	if k.err == nil {
-		if reason, report := r.lossLocked(k, time.Now()); reason != nil {
-			end := r.endLocked(k, reason)
+		reason, report := r.lossLocked(k, time.Now())
+		var end func()
+		if reason != nil {
+			end = r.endLocked(k, reason)
+		}
+		if report != nil || end != nil {
 			r.mu.Unlock()
-			report()
-			end()
+			if report != nil { // slots lost: reported even when the keeper runs on
+				report()
+			}
+			if end != nil {
+				end()
+			}
 			r.mu.Lock()
 		}
 	}

@@ -219,3 +219,42 @@ func TestAKeeperReleasedFromItsLostHookLeavesNoGoroutine(t *testing.T) {
 	<-k.Done()
 	goleak.VerifyNone(t, before)
 }
+
+// TestASlowHookDoesNotDelayTheEndOfAnotherKeeper: a hook may take long (it
+// may call the store): while one keeper's Lost hook runs, the Renewer still
+// ends its other keepers when their trust windows run out, cancelling their
+// work contexts before any contender can be granted their runs.
+func TestASlowHookDoesNotDelayTheEndOfAnotherKeeper(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s := faultyBubble(t)
+		five := runlease.WithTTL(5 * time.Second)
+		var r runlease.Renewer
+		defer r.Close()
+		a, err := runlease.Acquire(t.Context(), s, "a", "A", five)
+		require.NoError(t, err)
+		entered, resume := make(chan struct{}), make(chan struct{})
+		defer close(resume)
+		ka, err := r.Keep(t.Context(), a, runlease.WithHooks(runlease.Hooks{Lost: func(runlease.LossEvent) {
+			close(entered)
+			<-resume // a hook that waits on something slow
+		}}))
+		require.NoError(t, err)
+		defer ka.Stop()
+
+		time.Sleep(time.Second) // b's trust window ends a second after a's
+		b, err := runlease.Acquire(t.Context(), s, "b", "B", five)
+		require.NoError(t, err)
+		kb, err := r.Keep(t.Context(), b)
+		require.NoError(t, err)
+		defer kb.Stop()
+		work := kb.Context()
+		s.FailWrites(testkit.Prefix(runlease.LeasePrefix)) // no renewal lands from now on
+
+		<-entered // a's trust window ran out; its Lost hook runs, and waits
+		time.Sleep(kb.TrustedUntil().Sub(time.Now()))
+		synctest.Wait()
+		require.Error(t, work.Err(), "b's trust window ran out while a's Lost hook ran, yet b's work context is live")
+		require.ErrorIs(t, context.Cause(work), runlease.ErrTrustExpired)
+	})
+}

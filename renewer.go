@@ -136,7 +136,9 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 		}
 	}
 	r.mu.Unlock()
-	report()
+	if report != nil {
+		report()
+	}
 	end()
 	return k, nil
 }
@@ -225,11 +227,20 @@ func (r *Renewer) loop(wake <-chan struct{}, done chan struct{}) {
 			}
 			continue
 		}
-		reports := r.dueLocked(now)
-		r.mu.Unlock()
-		for _, report := range reports {
-			report()
+		if reports := r.dueLocked(now); len(reports) > 0 {
+			// Reports run hooks, which may take long (a hook may call
+			// the store, or stop its keeper): on a goroutine of their
+			// own, so that the loop goes on ending the other keepers
+			// whose trust runs out meanwhile.
+			r.jobs.Add(1)
+			go func() {
+				defer r.jobs.Done()
+				for _, report := range reports {
+					report()
+				}
+			}()
 		}
+		r.mu.Unlock()
 	}
 }
 
@@ -243,7 +254,9 @@ func (r *Renewer) dueLocked(now time.Time) []func() {
 	for due := r.queue.takeDue(now); due != nil; due = r.queue.takeDue(now) {
 		for _, k := range due {
 			report, end := r.lookLocked(k, now, &d)
-			reports = append(reports, report)
+			if report != nil {
+				reports = append(reports, report)
+			}
 			if end != nil {
 				reports = append(reports, end)
 			}
@@ -340,7 +353,8 @@ func onBeat(due time.Time, interval time.Duration) time.Time {
 
 // lossLocked returns why k must end now, if it must: its lease lost, its
 // trust window run out, or, kept strictly, a slot lost. Slot losses are
-// reported by the returned func, which runs after unlocking. r.mu is held.
+// reported by the returned func, which runs after unlocking; it is nil when
+// there are none. r.mu is held.
 func (r *Renewer) lossLocked(k *Keeper, now time.Time) (error, func()) {
 	st := k.lease.state()
 	return r.lossInLocked(k, now, st, k.trustEnd(st, now))
@@ -349,7 +363,7 @@ func (r *Renewer) lossLocked(k *Keeper, now time.Time) (error, func()) {
 // lossInLocked is lossLocked given the state of k's lease, st, and the
 // end of its trust window, trustEnd. r.mu is held.
 func (r *Renewer) lossInLocked(k *Keeper, now time.Time, st leaseState, trustEnd time.Time) (error, func()) {
-	report := func() {}
+	var report func() // nil: nothing to report
 	if st.lost != nil {
 		return st.lost, report
 	}
