@@ -69,12 +69,25 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l.isReleased() {
 		return nil
 	}
-	l.mu.Lock()
-	keepers := l.keepers
-	l.keepers, l.releasing = nil, true
-	l.mu.Unlock()
-	for _, k := range keepers {
-		k.r.end(k, ErrKeeperStopped)
+	// The keepers end before any call can see the lease being released,
+	// so that a call failing with ErrReleased finds them ended, as one
+	// finding a loss does. A keeper started meanwhile is ended in turn;
+	// once none is left, releasing is set under the same lock that Keep
+	// registers under, so no other keeper starts.
+	for {
+		l.mu.Lock()
+		keepers := l.keepers
+		l.keepers = nil
+		if len(keepers) == 0 {
+			l.releasing = true
+		}
+		l.mu.Unlock()
+		if len(keepers) == 0 {
+			break
+		}
+		for _, k := range keepers {
+			k.r.end(k, ErrKeeperStopped)
+		}
 	}
 	return l.update(ctx, kindRelease, nil)
 }
