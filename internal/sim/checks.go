@@ -17,8 +17,15 @@ import (
 // on: a lease being given up is not to be trusted while the outcome of its
 // release is in doubt.
 func (w *World) checkLoss(call string, l Lease, run, holder string, fence uint64, err error) {
+	w.checkLossAt(call, time.Now(), l, run, holder, fence, err)
+}
+
+// checkLossAt is checkLoss of a loss judged at the instant at: a keeper's
+// Lost hook may run after the keeper ended, behind another keeper's hook
+// that took long.
+func (w *World) checkLossAt(call string, at time.Time, l Lease, run, holder string, fence uint64, err error) {
 	if errors.Is(err, runlease.ErrTrustExpired) {
-		w.checkTrustExpiry(call, l, run, err)
+		w.checkTrustExpiry(call, at, l, run, err)
 		return
 	}
 	if !errors.Is(err, runlease.ErrLeaseLost) {
@@ -46,8 +53,7 @@ func (w *World) checkLoss(call string, l Lease, run, holder string, fence uint64
 // renewal that waited out a hung one for the lease's token, say). A keeper
 // that judged its window run out then was right to: no write had landed in
 // time.
-func (w *World) checkTrustExpiry(call string, l Lease, run string, err error) {
-	now := time.Now()
+func (w *World) checkTrustExpiry(call string, now time.Time, l Lease, run string, err error) {
 	var start time.Time
 	ok := false
 	w.mu.Lock()
@@ -62,7 +68,7 @@ func (w *World) checkTrustExpiry(call string, l Lease, run string, err error) {
 			"%s of %s reported the trust window run out, %s after a call on the lease that began at t=%s succeeded: %v",
 			call, run, fmtDur(time.Since(start)), fmtDur(start.Sub(w.start)), err)
 	}
-	w.checkLandedTrust(call, l, run, err)
+	w.checkLandedTrust(call, now, l, run, err)
 }
 
 // confirmation is a call on a lease that succeeded: when it began, and

@@ -54,8 +54,8 @@ func (w *World) acked(key, value string, sent, at time.Time) {
 //
 // Only writes acknowledged at an earlier instant count, as in
 // checkTrustExpiry.
-func (w *World) checkLandedTrust(call string, l Lease, run string, err error) {
-	now, snow := time.Now(), w.storeNow()
+func (w *World) checkLandedTrust(call string, now time.Time, l Lease, run string, err error) {
+	snow := w.storeNow().Add(-time.Since(now)) // the store's clock then
 	holder, fence, epoch := l.Holder(), l.Fence(), w.epochOf(l)
 	w.mu.Lock()
 	var last ackedRow

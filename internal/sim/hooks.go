@@ -93,6 +93,24 @@ func (w *World) inHook(rec *keeperRec, hook string) {
 	w.mu.Unlock()
 }
 
+// endedAt is when rec's keeper ended, as its TrustedUntil tells (never
+// later than that moment once it ended), or now while Keep has not
+// returned it: a Lost hook may run after the keeper ended, behind another
+// keeper's hook that took long, and the loss it reports was judged then.
+func (w *World) endedAt(rec *keeperRec) time.Time {
+	now := time.Now()
+	w.mu.Lock()
+	k := rec.k
+	w.mu.Unlock()
+	if k == nil {
+		return now
+	}
+	if t := k.TrustedUntil(); t.Before(now) {
+		return t
+	}
+	return now
+}
+
 // observeTrust judges what TrustedUntil says of rec, a keeper that has
 // ended or whose lease a call found lost: that nothing is trusted beyond
 // now. A keeper's own renewals may renew its lease after it ended (one in

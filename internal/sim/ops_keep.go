@@ -80,7 +80,7 @@ func (w *World) beginKeep(a *actor, kind string, l Lease, run string, fence uint
 	spec := KeepSpec{Slots: slots,
 		Lost: func(err error) {
 			w.tracef("keeper k%d of %s lost: %v", rec.id, run, errText(err))
-			w.checkLoss(fmt.Sprintf("keeper k%d (Lost hook)", rec.id), l, run, a.holder, fence, err)
+			w.checkLossAt(fmt.Sprintf("keeper k%d (Lost hook)", rec.id), w.endedAt(rec), l, run, a.holder, fence, err)
 			w.inHook(rec, "Lost")
 		},
 		SlotsLost: func(slotRun string, keys []string, err error) {
@@ -118,7 +118,10 @@ func (w *World) beginKeep(a *actor, kind string, l Lease, run string, fence uint
 		if err != nil {
 			return err
 		}
-		rec.k, rec.work = k, k.Context()
+		work := k.Context()
+		w.mu.Lock()
+		rec.k, rec.work = k, work
+		w.mu.Unlock()
 		// A keeper of a lease whose trust window ran out has ended by the
 		// time Keep returns: its row may have expired, and a contender be
 		// granted the run, before the Renewer's loop looks at it.
