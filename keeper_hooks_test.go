@@ -258,3 +258,43 @@ func TestASlowHookDoesNotDelayTheEndOfAnotherKeeper(t *testing.T) {
 		require.ErrorIs(t, context.Cause(work), runlease.ErrTrustExpired)
 	})
 }
+
+// TestARenewersCloseMayBeCalledFromAKeepersHook: Close called from a hook of
+// one of the Renewer's keepers, on the Renewer's own goroutine, returns, and
+// the keepers have ended.
+func TestARenewersCloseMayBeCalledFromAKeepersHook(t *testing.T) {
+	t.Parallel()
+	for _, hc := range hookCases {
+		t.Run(hc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := faultyBubble(t)
+				five := runlease.WithTTL(5 * time.Second)
+				l, err := runlease.Acquire(t.Context(), s, "r1", "A", five)
+				require.NoError(t, err)
+				var sl *runlease.Slots
+				opts := []runlease.Option{}
+				if hc.slots {
+					sl, err = runlease.ClaimSlots(t.Context(), s, "r1", []runlease.Scope{runlease.MemScope(1)}, five)
+					require.NoError(t, err)
+					opts = append(opts, runlease.KeepSlots(sl))
+				}
+				var r runlease.Renewer
+				var once sync.Once
+				closed := make(chan struct{})
+				opts = append(opts, runlease.WithHooks(hc.hooks(func() { once.Do(func() { r.Close(); close(closed) }) })))
+				k, err := r.Keep(t.Context(), l, opts...)
+				require.NoError(t, err)
+				hc.trigger(t, s, l, sl)
+				synctest.Wait()
+				select {
+				case <-closed:
+				default:
+					t.Fatal("the hook's Close has not returned")
+				}
+				require.Error(t, k.Err())
+				s.FailWrites(nil)
+				r.Close()
+			})
+		})
+	}
+}
