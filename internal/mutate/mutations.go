@@ -567,7 +567,7 @@ var catalog = []mutation{
 	{
 		Name:   "release-leaves-keepers-running",
 		File:   "lease_write.go",
-		Old:    "\tl.mu.Lock()\n\tkeepers := l.keepers\n\tl.keepers, l.releasing = nil, true\n\tl.mu.Unlock()\n\tfor _, k := range keepers {\n\t\tk.r.end(k, ErrKeeperStopped)\n\t}\n",
+		Old:    "\tfor {\n\t\tl.mu.Lock()\n\t\tkeepers := l.keepers\n\t\tl.keepers = nil\n\t\tif len(keepers) == 0 {\n\t\t\tl.releasing = true\n\t\t}\n\t\tl.mu.Unlock()\n\t\tif len(keepers) == 0 {\n\t\t\tbreak\n\t\t}\n\t\tfor _, k := range keepers {\n\t\t\tk.r.end(k, ErrKeeperStopped)\n\t\t}\n\t}\n",
 		New:    "\tl.mu.Lock()\n\tl.releasing = true\n\tl.mu.Unlock()\n",
 		Breaks: "Release leaves the lease's keepers running while the release is in flight, instead of stopping them first.",
 		Pkg:    ".", Tests: coreTests, Env: simEnv,
@@ -575,8 +575,8 @@ var catalog = []mutation{
 	{
 		Name:   "loss-not-told-to-keepers",
 		File:   "lease_write.go",
-		Old:    "\tkeepers := l.keepers\n\tl.keepers = nil\n\tl.mu.Unlock()\n\tfor _, k := range keepers {\n\t\tk.r.end(k, lost)\n\t}\n",
-		New:    "\tl.mu.Unlock()\n",
+		Old:    "\tkeepers := l.keepers\n\tl.keepers = nil\n\tl.mu.Unlock()\n\tif len(keepers) > 0 {\n",
+		New:    "\tvar keepers []*Keeper\n\tl.mu.Unlock()\n\tif len(keepers) > 0 {\n",
 		Breaks: "A loss found by a call on the lease, such as a fenced Write, does not end its keepers before the call returns.",
 		Pkg:    ".", Tests: coreTests, Env: simEnv,
 	},
@@ -705,6 +705,25 @@ var catalog = []mutation{
 		New:    "if false && s.putMarks(",
 		Breaks: "A Postgres store never marks the keys its subscribers wait on, so no release notifies them and waiters only poll.",
 		Pkg:    ".", Tests: []string{"TestPostgresNotifications"}, Postgres: true,
+	},
+	{
+		// The tests start a primary and a synchronous standby of their
+		// own from the local PostgreSQL installation; like the other
+		// Postgres mutations, a run without a Postgres server skips them.
+		Name:   "postgres-cut-wait-is-landed",
+		File:   "store_postgres.go",
+		Old:    "if cerr := ctx.Err(); err == nil && write && cerr != nil {",
+		New:    "if cerr := ctx.Err(); false && err == nil && write && cerr != nil {",
+		Breaks: "A Postgres write whose context ended before its reply was read is reported as landed when the server answered that it committed, though that answer may be of a commit whose wait for the synchronous standby the context's end cancelled: after a failover the write is gone.",
+		Pkg:    ".", Tests: []string{"TestPostgresCancelledWaitForTheStandby"}, Postgres: true,
+	},
+	{
+		Name:   "postgres-doubt-read-without-barrier",
+		File:   "store_postgres.go",
+		Old:    "if s.doubts.has(key) {\n\t\treturn s.getDurable(ctx, key)",
+		New:    "if false && s.doubts.has(key) {\n\t\treturn s.getDurable(ctx, key)",
+		Breaks: "The read-back that resolves a Postgres write of unknown outcome reads the primary without waiting for the synchronous standby, so a commit whose wait was cut short is found there and reported as landed, though a failover loses it.",
+		Pkg:    ".", Tests: []string{"TestPostgresCancelledWaitForTheStandby"}, Postgres: true,
 	},
 	{
 		Name:   "slot-trust-from-claim-reply",
