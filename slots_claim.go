@@ -735,7 +735,7 @@ func (s *Slots) claimOne(ctx context.Context, sc Scope, cands []slotCandidate) e
 		ok, err := casResolved(ctx, s.store, key, c.expected, row)
 		if err != nil {
 			if IsOutcomeUnknown(err) {
-				rememberOrphan(s.store, s.runID, key, row, untilMS, s.o.nowMS()) // it may land: nobody's
+				rememberOrphan(s.store, s.runID, key, row, untilMS, s.o.nowMS(), lin) // it may land: nobody's
 			}
 			return err
 		}
@@ -796,6 +796,6 @@ func (s *Slots) tookOver(held []*heldSlot) {
 // written and then gave up, as trusted by no Slots of the process.
 func (s *Slots) gaveUp(held []*heldSlot) {
 	for _, h := range held {
-		rememberOrphan(s.store, s.runID, h.key, h.seen, h.untilMS, s.o.nowMS())
+		rememberOrphan(s.store, s.runID, h.key, h.seen, h.untilMS, s.o.nowMS(), h.lin)
 	}
 }

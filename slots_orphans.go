@@ -62,7 +62,15 @@ type orphanRun struct {
 // untilMS when the clock that stamped it read nowMS, is trusted by no
 // Slots of this process. The expired rows of every run are swept first,
 // so that a store no longer used is not kept reachable past its rows.
-func rememberOrphan(store Store, runID, key, row string, untilMS, nowMS int64) {
+//
+// lin, the lineage that stamped the row, is pinned until the row has
+// expired: were it collected, a later claim of the run would start a new
+// lineage and could stamp the very same bytes (the same until_ms, from a
+// clock that stood still), and the process would take that live claim's
+// row for the leftover, free for another claim and deleted by any Release
+// of the run.
+func rememberOrphan(store Store, runID, key, row string, untilMS, nowMS int64, lin *lineage) {
+	lin.pin(time.UnixMilli(nowMS), untilMS)
 	now := time.Now()
 	life := orphanLife{now, now.Add(time.Duration(untilMS-nowMS)*time.Millisecond + orphanSlack)}
 	k := orphanRun{storeIdentity(store), runID}

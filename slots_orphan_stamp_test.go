@@ -1,0 +1,58 @@
+package runlease_test
+
+import (
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
+)
+
+// TestSlotRowsOfAFailedClaimAreNeverSentAgain: a claim whose write's
+// outcome is unknown leaves a row that the process remembers as trusted by
+// no Slots, by its exact text. No later claim of the run may then send
+// those same bytes, however long after the failed claim's Slots is gone:
+// if one did, a third claim of the run would take that live claim's row as
+// a leftover and write over it (and any Release of the run would delete
+// it), so two Slots would trust one row and another run would be admitted
+// past the limit. The clock stands still, as a coarse clock or two claims
+// in one millisecond do, and a collection runs between the claims, as in
+// any process.
+func TestSlotRowsOfAFailedClaimAreNeverSentAgain(t *testing.T) {
+	t.Parallel()
+	ctx, f, clk := t.Context(), &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithClock(clk.Now)}
+	gpu := []runlease.Scope{runlease.NamedScope("gpu", 1)}
+
+	// Sent, perhaps landed later: the row is nobody's.
+	f.Next(testkit.Fault{Err: testkit.Unknown("MetaCAS")})
+	_, err := runlease.ClaimSlots(ctx, f, "r", gpu, opts...)
+	require.True(t, runlease.IsOutcomeUnknown(err), "the claim's outcome is unknown: %v", err)
+	runtime.GC()
+	runtime.GC()
+
+	first, err := runlease.ClaimSlots(ctx, f, "r", gpu, opts...)
+	require.NoError(t, err)
+	require.Len(t, first.Held(), 1)
+	row := get(t, f, first.Held()[0].Key)
+
+	second, err := runlease.ClaimSlots(ctx, f, "r", gpu, opts...)
+	if err == nil {
+		require.NoError(t, second.Release(ctx))
+		_, err2 := runlease.ClaimSlots(ctx, f, "other", gpu, opts...)
+		t.Fatalf("a second claim took the live first claim's row as a leftover (another run's claim after its release: %v)", err2)
+	}
+	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit, "the first claim's row is in use")
+	assert.Equal(t, row, get(t, f, first.Held()[0].Key), "the first claim's row is untouched")
+
+	// A Release of another claim of the run leaves it too.
+	cpu, err := runlease.ClaimSlots(ctx, f, "r", []runlease.Scope{runlease.NamedScope("cpu", 1)}, opts...)
+	require.NoError(t, err)
+	require.NoError(t, cpu.Release(ctx))
+	assert.Equal(t, row, get(t, f, first.Held()[0].Key), "another claim's release deleted the first claim's row")
+	_, err = runlease.ClaimSlots(ctx, f, "other", gpu, opts...)
+	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit, "the first claim still fills the scope")
+}
