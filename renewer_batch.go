@@ -255,14 +255,25 @@ func (r *Renewer) finishLease(k *Keeper, j *job, start time.Time, err error) {
 // finishLeases is finishLease for the keepers of one call, whose renewals
 // jobs[i] ended with errs[i]: Renewer.mu is taken twice for all of them,
 // not twice for each.
+//
+// A keeper whose renewal nobody waits for (a batch's member) is
+// rescheduled before any hook runs: a hook may take long (it may call its
+// lease, whose store may hang), and one keeper's hook must not hold up the
+// next renewal of another keeper of the batch (CONCURRENCY.md, rule 2). A
+// renewal of its own is finished after its keeper's hook, so that Stop,
+// which waits for it, returns only once its hook has run.
 func (r *Renewer) finishLeases(keepers []*Keeper, jobs []*job, start time.Time, errs []error) {
 	running := make([]bool, len(keepers))
+	var reports []func()
 	r.mu.Lock()
-	// The hook hears of every attempt of a running keeper, the one that
-	// found the lease lost included: that call ended the keeper (Lease.lose)
-	// before returning here.
 	for i, k := range keepers {
+		// The hook hears of every attempt of a running keeper, the one
+		// that found the lease lost included: that call ended the keeper
+		// (Lease.lose) before returning here.
 		running[i] = k.err == nil || errors.Is(errs[i], ErrLeaseLost) && errors.Is(k.err, ErrLeaseLost)
+		if jobs[i].done == nil {
+			reports = r.settleLocked(k, jobs[i], errs[i], reports)
+		}
 	}
 	r.mu.Unlock()
 	for i, k := range keepers {
@@ -278,30 +289,39 @@ func (r *Renewer) finishLeases(keepers []*Keeper, jobs []*job, start time.Time, 
 			k.o.logger.Debug("runlease: renewal failed; retrying", "run", k.lease.RunID(), "err", err)
 		}
 	}
-	var reports []func()
 	r.mu.Lock()
 	for i, k := range keepers {
-		if k.leaseJob == jobs[i] {
-			k.leaseJob = nil
+		if jobs[i].done != nil {
+			reports = r.settleLocked(k, jobs[i], errs[i], reports)
 		}
-		if k.err != nil {
-			continue
-		}
-		switch err := errs[i]; {
-		case err == nil:
-			k.leaseWait, k.lastErr = retry{}, nil
-		case errors.Is(err, ErrLeaseLost):
-			reports = append(reports, r.endLocked(k, err))
-		default:
-			k.lastErr = err
-			k.leaseWait.after(time.Now(), k.o.interval)
-		}
-		r.rescheduleLocked(k)
 	}
 	r.mu.Unlock()
 	for _, report := range reports {
 		report()
 	}
+}
+
+// settleLocked records that k's lease renewal j ended with err, and
+// schedules what comes next: the next renewal, a retry, or the end, whose
+// report it appends to reports. r.mu is held.
+func (r *Renewer) settleLocked(k *Keeper, j *job, err error, reports []func()) []func() {
+	if k.leaseJob == j {
+		k.leaseJob = nil
+	}
+	if k.err != nil {
+		return reports
+	}
+	switch {
+	case err == nil:
+		k.leaseWait, k.lastErr = retry{}, nil
+	case errors.Is(err, ErrLeaseLost):
+		reports = append(reports, r.endLocked(k, err))
+	default:
+		k.lastErr = err
+		k.leaseWait.after(time.Now(), k.o.interval)
+	}
+	r.rescheduleLocked(k)
+	return reports
 }
 
 // startSlotsLocked starts renewing k's slots. r.mu is held.
