@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -793,9 +794,17 @@ func (s *Slots) tookOver(held []*heldSlot) {
 }
 
 // gaveUp remembers the rows of held, which a claim wrote or may have
-// written and then gave up, as trusted by no Slots of the process.
+// written and then gave up, as trusted by no Slots of the process: the row
+// last confirmed, and those of its renewals whose outcome is unknown, any
+// of which the slot may hold.
 func (s *Slots) gaveUp(held []*heldSlot) {
 	for _, h := range held {
-		rememberOrphan(s.store, s.runID, h.key, h.seen, h.untilMS, s.o.nowMS(), h.lin)
+		s.mu.Lock()
+		seen, untilMS, doubt := h.seen, h.untilMS, slices.Clone(h.doubt)
+		s.mu.Unlock()
+		rememberOrphan(s.store, s.runID, h.key, seen, untilMS, s.o.nowMS(), h.lin)
+		for _, d := range doubt {
+			rememberOrphan(s.store, s.runID, h.key, leaseRow{Holder: s.runID, UntilMS: d}.encode(), d, s.o.nowMS(), h.lin)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package runlease_test
 import (
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -55,4 +56,35 @@ func TestSlotRowsOfAFailedClaimAreNeverSentAgain(t *testing.T) {
 	assert.Equal(t, row, get(t, f, first.Held()[0].Key), "another claim's release deleted the first claim's row")
 	_, err = runlease.ClaimSlots(ctx, f, "other", gpu, opts...)
 	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit, "the first claim still fills the scope")
+}
+
+// TestSlotRowsOfAFailedReleaseGoWithTheRunsNextRelease: a slot whose last
+// renewal landed with its reply lost (and its read-back failed) holds the
+// renewal's row, not the row its Slots last confirmed. A Release whose
+// delete then fails gives the slot up: whichever of those rows the slot
+// holds is trusted by no Slots, so the run's next claim may take it and a
+// Release of the run deletes it, as the Release's godoc says, rather than
+// the run being kept out of its own full scope until the row expires.
+func TestSlotRowsOfAFailedReleaseGoWithTheRunsNextRelease(t *testing.T) {
+	t.Parallel()
+	ctx, f, clk := t.Context(), &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithClock(clk.Now)}
+	gpu := []runlease.Scope{runlease.NamedScope("gpu", 1)}
+	sl, err := runlease.ClaimSlots(ctx, f, "r", gpu, opts...)
+	require.NoError(t, err)
+	key := sl.Held()[0].Key
+	claimed := get(t, f, key)
+
+	clk.Advance(time.Second)
+	f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS"), Then: func() { f.FailReads(1) }})
+	require.True(t, runlease.IsOutcomeUnknown(sl.Renew(ctx)), "the renewal's outcome is unknown")
+	require.NotEqual(t, claimed, get(t, f, key), "the renewal landed")
+
+	f.Next(testkit.Fault{Err: testkit.NotApplied("MetaDelete")})
+	require.ErrorIs(t, sl.Release(ctx), runlease.ErrStorage)
+
+	again, err := runlease.ClaimSlots(ctx, f, "r", gpu, opts...)
+	require.NoError(t, err, "the failed release's row is trusted by no Slots: the run's next claim may take it")
+	require.NoError(t, again.Release(ctx))
+	assert.Empty(t, rows(t, f), "a release of the run leaves none of its rows behind")
 }
