@@ -361,6 +361,11 @@ func (k *Keeper) Stop() {
 func (k *Keeper) Release(ctx context.Context) error {
 	lost := k.lease.lostToOthers()
 	k.Stop()
+	if lost == nil {
+		// Found by the renewal Stop waited for: that call may have read
+		// the operator's release back, which Lease.Release then accepts.
+		lost = k.lease.lostToOthers()
+	}
 	var errs []error
 	if k.ks != nil {
 		errs = append(errs, k.ks.slots.Release(ctx))
