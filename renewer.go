@@ -62,7 +62,9 @@ type batchJob struct {
 // ctx bounds the keeper, not a single call: when it ends, the keeper stops
 // with an error matching [ErrKeeperStopped] that wraps ctx's cause, and the
 // work context is cancelled — never silently. Its values reach every
-// renewal. Pass a context that lives as long as the run, not a request's.
+// renewal of the lease made on its own; a batched renewal, one call that
+// renews the leases of many keepers ([MultiCASer]), carries none of them.
+// Pass a context that lives as long as the run, not a request's.
 //
 // Keep fails with [ErrInvalidArgument] for bad options, and with the lease's
 // [*LeaseLostError] when it is already lost. When the lease's trust window
