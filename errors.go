@@ -251,7 +251,7 @@ type ConcurrencyLimitError struct {
 	Scope string // the scope's name, such as "mem" or "principal:alice"
 	Limit int
 	Units int // the units the claim asked of the scope
-	Held  int // units other runs held, when read
+	Held  int // slots in use when read: live slot rows, the run's own included, and rows that do not parse
 	// Ahead is how many live waiters of the scope's queue rank ahead of the
 	// claim, and Reserved the units they wait for. When Held+Units fits the
 	// limit, the claim was refused for their sake only: the run would have
