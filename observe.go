@@ -47,8 +47,8 @@ type RequeueEvent struct {
 type LimitMismatchEvent struct {
 	Scope      string
 	Limit      int // this host's limit
-	Live       int // live slots of other runs in the scope
-	AboveLimit int // how many of them are numbered at or above Limit
+	Live       int // slots in use in the scope: live slot rows (the claiming run's own included) and rows that do not parse
+	AboveLimit int // how many live slot rows are numbered at or above Limit
 }
 
 // AcquireEvent describes one Acquire.
