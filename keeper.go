@@ -125,10 +125,9 @@ type Keeper struct {
 	index     int           // its position in bucket; -1 when not queued
 	leaseJob  *job          // the lease renewal in flight, if any
 	leaseWait retry
-	lastErr   error        // the last renewal fault, for ErrTrustExpired
-	err       error        // why it ended; nil while running
-	endedAt   time.Time    // when it ended; its trust ended then at the latest
-	hooking   atomic.Int32 // its hooks running now (Renewer.runHook)
+	lastErr   error     // the last renewal fault, for ErrTrustExpired
+	err       error     // why it ended; nil while running
+	endedAt   time.Time // when it ended; its trust ended then at the latest
 }
 
 // keptSlots is what a Keeper keeps of the slots it renews beside its
@@ -321,21 +320,24 @@ func (k *Keeper) TrustedUntil() time.Time {
 // and records its outcome on the Lease, whose next call waits for it (or for
 // that call's context). Stopping an ended keeper ends nothing more.
 //
-// Stop, and so Release, may be called from one of the keeper's own hooks.
-// Called while a hook of the keeper runs, Stop ends the keeper but waits
-// neither for its lease renewal in flight nor for its Renewer's goroutine,
-// since the goroutine running the hook may be either; that goroutine exits
-// once the hook returns. No hook runs while its goroutine holds the lease's
+// Stop, and so Release, may be called from a hook of the keeper or of
+// another keeper of its lease. Called while a hook of a keeper of its lease
+// runs, Stop ends the keeper but waits neither for its lease renewal in
+// flight nor for its Renewer's goroutine, since the goroutine running the
+// hook may be either (a loss is reported to every keeper of the lease by
+// the call that found it, which may be this keeper's renewal); that
+// goroutine exits once the hook returns. No hook runs while its goroutine holds the lease's
 // write token, so a hook may also call the lease (Renew, Release).
 func (k *Keeper) Stop() {
 	k.r.end(k, ErrKeeperStopped)
-	hooking := k.hooking.Load() > 0
+	hooking := k.lease.hooking.Load() > 0
 	k.r.mu.Lock()
 	var waits []chan struct{}
 	for _, j := range []*job{k.leaseJob, k.slotJob()} {
-		// A hook of the keeper may run on the goroutine of its lease
-		// renewal, never on that of a slot renewal alone, which reports
-		// to no hook: while a hook runs, only the latter is waited for.
+		// A hook of a keeper of the lease may run on the goroutine of
+		// this keeper's lease renewal, never on that of a slot renewal
+		// alone, which reports to no hook: while a hook runs, only the
+		// latter is waited for.
 		if j != nil && j.batch == nil && !(hooking && j == k.leaseJob) {
 			waits = append(waits, j.done)
 		}

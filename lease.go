@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -97,6 +98,12 @@ type Lease struct {
 	optSet    optionSet
 	writeFree chan struct{}
 	keepers   []*Keeper
+	// hooking counts the hooks of its keepers running now
+	// (Renewer.runHook). A keeper's hook may run on the goroutine of a
+	// renewal of another keeper of the lease (a loss is reported to every
+	// keeper by the call that found it), so Keeper.Stop waits for no
+	// renewal of the lease while one runs.
+	hooking atomic.Int32
 	// ended are the reports of keepers a loss ended during the write in
 	// flight (their Lost hooks): they run once the write token is given
 	// back (unlock), so that a hook may call the lease.

@@ -415,10 +415,10 @@ func (r *Renewer) endLater(k *Keeper, err error) func() {
 // (from the hook itself, say) wait for nothing: the goroutine running the
 // hook may be the very renewal or loop they would wait for.
 func (r *Renewer) runHook(k *Keeper, call func()) {
-	k.hooking.Add(1)
+	k.lease.hooking.Add(1)
 	r.hooking.Add(1)
 	defer func() {
-		k.hooking.Add(-1)
+		k.lease.hooking.Add(-1)
 		r.hooking.Add(-1)
 	}()
 	call()
