@@ -764,18 +764,24 @@ func (s *Slots) holds(key string) bool {
 
 // rollback puts the slots written by an unfinished claim back as they were.
 // If that fails, the slot is left to expire after its TTL, remembered as a
-// row of the run that no Slots trusts (slots_orphans.go).
+// row of the run that no Slots trusts (slots_orphans.go). A row of the run
+// put back (a leftover the claim had taken, or an expired row) is trusted
+// by no Slots either, and is remembered again.
 func (s *Slots) rollback(ctx context.Context) error {
 	var errs []error
 	for _, h := range s.held {
 		var err error
+		restored := false
 		if h.prev == nil {
 			_, err = deleteResolved(ctx, s.store, h.key, h.seen)
 		} else {
-			_, err = casResolved(ctx, s.store, h.key, &h.seen, *h.prev)
+			restored, err = casResolved(ctx, s.store, h.key, &h.seen, *h.prev)
 		}
 		if err != nil {
 			s.gaveUp([]*heldSlot{h})
+		}
+		if row, derr := decodeRow(deref(h.prev)); restored && derr == nil && row.Holder == s.runID {
+			rememberOrphan(s.store, s.runID, h.key, *h.prev, row.UntilMS, s.o.nowMS(), h.lin)
 		}
 		errs = append(errs, err)
 	}

@@ -88,3 +88,38 @@ func TestSlotRowsOfAFailedReleaseGoWithTheRunsNextRelease(t *testing.T) {
 	require.NoError(t, again.Release(ctx))
 	assert.Empty(t, rows(t, f), "a release of the run leaves none of its rows behind")
 }
+
+// TestSlotRowsLeftByAFailedClaimStayTheRunsAfterARollback: on a store
+// without batches, a claim of two scopes takes the run's leftover in the
+// first (a row trusted by no Slots) and then loses the second to another
+// run: it puts the first back as it was. The row put back is the same
+// leftover, still trusted by nobody, so the run's next claim takes it
+// rather than being refused by its own row until it expires.
+func TestSlotRowsLeftByAFailedClaimStayTheRunsAfterARollback(t *testing.T) {
+	t.Parallel()
+	ctx, f, clk := t.Context(), &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+	p := &testkit.PlainStore{Store: f}
+	opts := []runlease.Option{runlease.WithClock(clk.Now)}
+	gpu, cpu := runlease.NamedScope("gpu", 1), runlease.NamedScope("cpu", 1)
+
+	f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS"), Then: func() { f.FailReads(1) }})
+	_, err := runlease.ClaimSlots(ctx, p, "r", []runlease.Scope{gpu}, opts...)
+	require.True(t, runlease.IsOutcomeUnknown(err), "the claim's outcome is unknown: %v", err)
+	leftover := rows(t, f)
+	require.Len(t, leftover, 1, "the failed claim's row landed")
+
+	f.Next(
+		testkit.Fault{Apply: true}, // gpu: over the leftover
+		testkit.Fault{Then: func() { // cpu: another run takes it first
+			_, err := runlease.ClaimSlots(ctx, p, "other", []runlease.Scope{cpu}, opts...)
+			require.NoError(t, err)
+		}},
+	)
+	_, err = runlease.ClaimSlots(ctx, p, "r", []runlease.Scope{gpu, cpu}, opts...)
+	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit)
+	assert.Equal(t, leftover[0].Value, get(t, f, leftover[0].Key), "the rollback put the leftover back")
+
+	sl, err := runlease.ClaimSlots(ctx, p, "r", []runlease.Scope{gpu}, opts...)
+	require.NoError(t, err, "the leftover put back is still trusted by no Slots: the run's next claim takes it")
+	require.NoError(t, sl.Release(ctx))
+}
