@@ -298,9 +298,11 @@ func (k *Keeper) TrustedUntil() time.Time {
 	switch {
 	case ended:
 		end = earliest(end, endedAt)
-	case st.lost != nil:
+	case st.lost != nil, k.parent.Err() != nil:
 		// Lost, and the keeper about to end (Lease.lose ends it right
-		// after recording the loss).
+		// after recording the loss); or Keep's context ended, and its
+		// watch has not ended the keeper yet (Err would). Either way no
+		// trust is left.
 		end = earliest(end, now)
 	}
 	if k.strict() {

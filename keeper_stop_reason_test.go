@@ -3,6 +3,7 @@ package runlease_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -186,4 +187,43 @@ func forceRelease(t *testing.T, s runlease.Store) {
 	info, err := runlease.Peek(t.Context(), s, "r1")
 	require.NoError(t, err)
 	require.NoError(t, runlease.ForceRelease(t.Context(), s, info))
+}
+
+// endsSilently is a context that reports itself ended (Err) without ever
+// closing Done once end is called: the moment between a context's end and
+// the keeper's watch of it, held open.
+type endsSilently struct {
+	context.Context
+	ended atomic.Bool
+}
+
+func (c *endsSilently) end() { c.ended.Store(true) }
+
+func (c *endsSilently) Err() error {
+	if c.ended.Load() {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestAKeeperWhoseContextEndedTrustsNothingBeforeItsWatchRuns: once the
+// context given to Keep has ended, TrustedUntil reports no trust, even
+// before the keeper's watch of the context has ended it.
+func TestAKeeperWhoseContextEndedTrustsNothingBeforeItsWatchRuns(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s := bubbleStore(t)
+		l, err := runlease.Acquire(t.Context(), s, "r1", "A", runlease.WithTTL(5*time.Second))
+		require.NoError(t, err)
+		ctx := &endsSilently{Context: t.Context()}
+		k, err := runlease.Keep(ctx, l)
+		require.NoError(t, err)
+		defer k.Stop()
+		require.True(t, k.TrustedUntil().After(time.Now()), "trusted while its context runs")
+
+		ctx.end()
+		assert.False(t, k.TrustedUntil().After(time.Now()), "TrustedUntil %v reports trust after Keep's context ended", k.TrustedUntil())
+		require.ErrorIs(t, k.Err(), runlease.ErrKeeperStopped)
+		assert.False(t, k.TrustedUntil().After(time.Now()))
+	})
 }
