@@ -100,8 +100,19 @@ func (c *csCompetitor) round() {
 		return
 	}
 	held := slots.Held()
+	if len(held) == 0 && !slots.TrustedUntil().After(time.Now()) {
+		// A pause since the claim was sent outlasted its trust window
+		// (trust counts from the send): the claim rightly trusts nothing,
+		// and there is nothing to hold.
+		c.release(slots.Release)
+		c.release(lease.Release)
+		return
+	}
 	if len(held) != 1 || held[0].Slot < 0 || held[0].Slot >= csLimit {
 		c.r.Out.Errorf("run %s holds %+v after claiming one slot", c.run, held)
+		c.release(slots.Release)
+		c.release(lease.Release)
+		return
 	}
 	b := &csBelief{start: t1}
 	keeper, err := runlease.Keep(ctx, lease, runlease.KeepSlots(slots),
