@@ -142,7 +142,9 @@ func (s *PostgresStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (
 			return err
 		})
 		if (err != nil && !aborted) || (err == nil && decided) {
-			s.doubts.note(err, ok && err == nil, opKeys(ops)...)
+			if err != nil || s.doubts.any() {
+				s.doubts.note(err, ok && err == nil, opKeys(ops)...)
+			}
 			return ok && err == nil, err
 		}
 		if aborted {

@@ -75,7 +75,9 @@ func (s *PostgresStore) MetaCASMany(ctx context.Context, writes []CASWrite) ([]b
 			return nil, err
 		}
 	}
-	s.doubts.note(nil, true, slices.Collect(maps.Keys(written))...)
+	if s.doubts.any() {
+		s.doubts.note(nil, true, slices.Collect(maps.Keys(written))...)
+	}
 	swapped := make([]bool, len(writes))
 	for i, w := range writes {
 		swapped[i] = written[w.Key]
