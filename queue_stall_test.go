@@ -3,7 +3,6 @@ package runlease_test
 import (
 	"context"
 	"encoding/json"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -14,28 +13,6 @@ import (
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/testkit"
 )
-
-// scanGate is a SQLite store whose scans can be held up, as a process
-// paused in the middle of a read is, while its writes go through.
-type scanGate struct {
-	*runlease.SQLiteStore
-	mu   sync.Mutex
-	gate chan struct{} // nil: scans pass
-}
-
-func (g *scanGate) hold() { g.mu.Lock(); g.gate = make(chan struct{}); g.mu.Unlock() }
-
-func (g *scanGate) open() { g.mu.Lock(); close(g.gate); g.gate = nil; g.mu.Unlock() }
-
-func (g *scanGate) MetaScanMany(ctx context.Context, prefixes []string) ([][]runlease.Row, error) {
-	g.mu.Lock()
-	gate := g.gate
-	g.mu.Unlock()
-	if gate != nil {
-		<-gate
-	}
-	return g.SQLiteStore.MetaScanMany(ctx, prefixes)
-}
 
 // queuedEntry decodes the queue entry of run in scope mem.
 func queuedEntry(t *testing.T, s runlease.Store, run string) map[string]any {
@@ -57,7 +34,7 @@ func TestAWaiterFoundStalledWhileItsEntryIsVisibleQueuesAgainAtTheBack(t *testin
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		s, clk := bubbleStore(t), testkit.NewClock(epoch)
-		g := &scanGate{SQLiteStore: s}
+		g := &gatedStore{SQLiteStore: s, writesPass: true}
 		scopes := []runlease.Scope{runlease.MemScope(1)}
 		_, err := runlease.ClaimSlots(t.Context(), s, "x", scopes, runlease.WithTTL(time.Hour), runlease.WithClock(clk.Now))
 		require.NoError(t, err)

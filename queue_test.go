@@ -401,11 +401,12 @@ func TestAStalledWaiterQueuesAgainAtTheBack(t *testing.T) {
 }
 
 // gatedStore is a SQLite store whose reads and renewals can be held up, as
-// a process paused mid-wait is.
+// a process paused mid-wait is; with writesPass, only its reads are.
 type gatedStore struct {
 	*runlease.SQLiteStore
-	mu   sync.Mutex
-	gate chan struct{} // nil: reads pass
+	writesPass bool
+	mu         sync.Mutex
+	gate       chan struct{} // nil: reads pass
 }
 
 func (g *gatedStore) hold() { g.mu.Lock(); g.gate = make(chan struct{}); g.mu.Unlock() }
@@ -428,7 +429,7 @@ func (g *gatedStore) MetaCASMany(ctx context.Context, writes []runlease.CASWrite
 	g.mu.Lock()
 	gate := g.gate
 	g.mu.Unlock()
-	if gate != nil {
+	if gate != nil && !g.writesPass {
 		select {
 		case <-gate:
 		case <-ctx.Done():
