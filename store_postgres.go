@@ -158,6 +158,7 @@ type pgQueries struct {
 	deleteNotify                             string
 	markPut, markDelete, markExpired         string
 	casMany                                  string
+	rangeTo, rangeOpen                       string // store_postgres_range.go
 }
 
 // OpenPostgres opens a pool on dsn (a pgx connection string: a URL or
@@ -245,6 +246,7 @@ func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned 
 	s.q.getDurable = fmt.Sprintf(pgGetDurable, t)
 	formatBatch(&s.q, t)
 	formatCASMany(&s.q, t)
+	formatRanges(&s.q, t)
 	s.q.insertNotify = fmt.Sprintf(pgInsertNotify, t)
 	s.q.updateNotify = fmt.Sprintf(pgUpdateNotify, t)
 	formatMarks(&s.q, t)

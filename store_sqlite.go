@@ -83,6 +83,7 @@ type SQLiteStore struct {
 
 type sqliteStmts struct {
 	get, insert, update, del, scan, scanOpen *sql.Stmt
+	ranges                                   sqliteRangeStmts // store_sqlite_range.go
 	// A group commit's savepoints, prepared once rather than parsed for
 	// every write of every group.
 	savepoint, release, undo *sql.Stmt
@@ -234,6 +235,7 @@ func newSQLiteStore(path string, w, r *sql.DB, readConns int) (*SQLiteStore, err
 		del:      prepare(w, sqliteDelete),
 		scan:     prepare(r, sqliteScan),
 		scanOpen: prepare(r, sqliteScanOpen),
+		ranges:   prepareRanges(prepare, r),
 
 		savepoint: prepare(w, sqliteSavepoint),
 		release:   prepare(w, sqliteRelease),

@@ -137,6 +137,7 @@ func RunWith(t *testing.T, h Harness) {
 		{"batch", plain(testBatch)},
 		{"multi_cas", plain(testMultiCAS)},
 		{"scan_many", plain(testScanMany)},
+		{"ranges", plain(testRanges)},
 		{"two_handles", testTwoHandles},
 		{"fault_labels", testFaultLabels},
 	}

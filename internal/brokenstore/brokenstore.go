@@ -106,8 +106,8 @@ func NewStorage(bug Bug) *Storage {
 func (st *Storage) Open() *Store { return &Store{st: st, cache: map[string]cached{}} }
 
 // Store is one handle on a [Storage]. It implements [runlease.Store],
-// [runlease.Batcher], [runlease.MultiCASer] and [runlease.MultiScanner],
-// and is safe for concurrent use.
+// [runlease.Batcher], [runlease.MultiCASer], [runlease.MultiScanner] and
+// [runlease.RangeReader], and is safe for concurrent use.
 type Store struct {
 	st *Storage
 
