@@ -57,6 +57,11 @@ func (c *entryCounter) MetaScanMany(ctx context.Context, prefixes []string) ([][
 	return c.waitStore.MetaScanMany(ctx, prefixes)
 }
 
+func (c *entryCounter) MetaRanges(ctx context.Context, ranges []runlease.Range) ([][]runlease.Row, error) {
+	c.reads.Add(1)
+	return c.waitStore.MetaRanges(ctx, ranges)
+}
+
 type entryCounterMulti struct{ *entryCounter }
 
 func (c entryCounterMulti) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]bool, error) {

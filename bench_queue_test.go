@@ -275,10 +275,11 @@ type waitStore interface {
 	runlease.Batcher
 	runlease.DeleteNotifier
 	runlease.MultiScanner
+	runlease.RangeReader
 }
 
 // readCounter counts the reads of slot rows through a built-in store: a
-// MetaScanMany, or a MetaScan of slot rows.
+// MetaScanMany or a MetaRanges, or a MetaScan of slot rows.
 type readCounter struct {
 	waitStore
 	reads atomic.Int64
@@ -294,6 +295,11 @@ func (c *readCounter) MetaScan(ctx context.Context, prefix string) ([]runlease.R
 func (c *readCounter) MetaScanMany(ctx context.Context, prefixes []string) ([][]runlease.Row, error) {
 	c.reads.Add(1)
 	return c.waitStore.MetaScanMany(ctx, prefixes)
+}
+
+func (c *readCounter) MetaRanges(ctx context.Context, ranges []runlease.Range) ([][]runlease.Row, error) {
+	c.reads.Add(1)
+	return c.waitStore.MetaRanges(ctx, ranges)
 }
 
 // settle waits until no read has been made for 50 ms.

@@ -64,9 +64,10 @@ func (c *countingConn) Read(p []byte) (int, error) {
 // "round trips" for the embedded store, which has no network. A batch,
 // a notifying write and a multi-write each count as one call, as each is
 // one statement or one transaction. It forwards every optional capability
-// the built-in stores have (Batcher, Notifier, MultiCASer), so the library
-// takes the same paths through it as through the store itself; the store
-// must implement them all. It is safe for concurrent use.
+// the built-in stores have (Batcher, Notifier, MultiCASer, MultiScanner,
+// RangeReader, DeleteNotifier), so the library takes the same paths
+// through it as through the store itself; the store must implement them
+// all. It is safe for concurrent use.
 type CallCounter struct {
 	runlease.Store
 	n atomic.Int64
@@ -78,17 +79,20 @@ type fullStore interface {
 	runlease.Batcher
 	runlease.Notifier
 	runlease.MultiCASer
+	runlease.RangeReader
 }
 
 var (
-	_ runlease.Batcher    = (*CallCounter)(nil)
-	_ runlease.Notifier   = (*CallCounter)(nil)
-	_ runlease.MultiCASer = (*CallCounter)(nil)
+	_ runlease.Batcher     = (*CallCounter)(nil)
+	_ runlease.Notifier    = (*CallCounter)(nil)
+	_ runlease.MultiCASer  = (*CallCounter)(nil)
+	_ runlease.RangeReader = (*CallCounter)(nil)
 )
 
-// CountCalls wraps s, which must implement Batcher, DeleteNotifier, MultiScanner and MultiCASer
-// (both built-in stores do), and does not implement Clock (the SQLite store
-// does not, and the wrapper would hide it).
+// CountCalls wraps s, which must implement Batcher, DeleteNotifier,
+// MultiScanner, RangeReader and MultiCASer (both built-in stores do), and
+// does not implement Clock (the SQLite store does not, and the wrapper
+// would hide it).
 func CountCalls(s runlease.Store) *CallCounter {
 	if _, ok := s.(fullStore); !ok {
 		panic("benchkit: CountCalls needs a store with every optional capability of the built-in stores")
@@ -149,4 +153,10 @@ func (c *CallCounter) MetaDeleteNotify(ctx context.Context, key, expected, wakeK
 func (c *CallCounter) MetaScanMany(ctx context.Context, prefixes []string) ([][]runlease.Row, error) {
 	c.n.Add(1)
 	return c.Store.(runlease.MultiScanner).MetaScanMany(ctx, prefixes)
+}
+
+// MetaRanges counts as one call, as MetaScanMany does: one round trip.
+func (c *CallCounter) MetaRanges(ctx context.Context, ranges []runlease.Range) ([][]runlease.Row, error) {
+	c.n.Add(1)
+	return c.Store.(runlease.RangeReader).MetaRanges(ctx, ranges)
 }

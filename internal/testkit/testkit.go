@@ -361,6 +361,33 @@ func (c *CountingBatcher) MetaScanMany(ctx context.Context, prefixes []string) (
 	return out, nil
 }
 
+// MetaRanges passes range reads through, counted as one scan: one round
+// trip. A wrapped store that is no runlease.RangeReader scans the prefix
+// of one range after another, and keeps what MetaRanges would return.
+func (c *CountingBatcher) MetaRanges(ctx context.Context, ranges []runlease.Range) ([][]runlease.Row, error) {
+	c.Scans.Add(1)
+	if r, ok := c.Store.(runlease.RangeReader); ok {
+		return r.MetaRanges(ctx, ranges)
+	}
+	if err := runlease.CheckRanges(ranges); err != nil {
+		return nil, err
+	}
+	out := make([][]runlease.Row, len(ranges))
+	for i, r := range ranges {
+		rows, err := c.Store.MetaScan(ctx, r.Prefix)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = []runlease.Row{}
+		for _, row := range rows {
+			if row.Key > r.After && (r.Limit == 0 || len(out[i]) < r.Limit) {
+				out[i] = append(out[i], row)
+			}
+		}
+	}
+	return out, nil
+}
+
 // MetaCASMany passes many-write calls through to a wrapped
 // runlease.MultiCASer, counting calls and writes.
 func (c *CountingBatcher) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]bool, error) {
