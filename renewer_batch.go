@@ -307,6 +307,9 @@ func (r *Renewer) finishLeases(keepers []*Keeper, jobs []*job, start time.Time, 
 func (r *Renewer) settleLocked(k *Keeper, j *job, err error, reports []func()) []func() {
 	if k.leaseJob == j {
 		k.leaseJob = nil
+		if k.ks != nil && k.ks.job == j {
+			k.ks.job = nil // its slots, renewed right after it (finishSlots)
+		}
 	}
 	if k.err != nil {
 		return reports
@@ -352,7 +355,12 @@ func (r *Renewer) finishSlots(k *Keeper, j *job, err error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if k.ks.job == j {
+	// Slots renewed in the job of their lease (startLeaseLocked) stay in
+	// flight until the lease's outcome is settled too (settleLocked): a
+	// look at k in between would find its lease in flight and its slots
+	// due, and renew them again at once, alone, out of step with the
+	// lease.
+	if k.ks.job == j && k.leaseJob != j {
 		k.ks.job = nil
 	}
 	if k.err == nil {
