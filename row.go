@@ -7,8 +7,10 @@ import (
 
 // leaseRow is the stored form of a lease or a slot, wire-compatible with
 // areev-run 1.13.2: {"holder":"…","fence":N,"until_ms":N}, in that order,
-// until_ms in milliseconds since the Unix epoch. A slot row has fence 0 and
-// its run id as holder; a released lease has no holder and keeps its fence.
+// until_ms in milliseconds since the Unix epoch. A slot row has its run id
+// as holder and, as fence, the claim id of the Slots that wrote it
+// (newClaimID; the reference writes 0 and reads nothing from it); a
+// released lease has no holder and keeps its fence.
 type leaseRow struct {
 	Holder  string
 	Fence   uint64

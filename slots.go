@@ -3,6 +3,7 @@ package runlease
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -135,6 +136,10 @@ type Slots struct {
 	runID  string
 	o      options
 	margin time.Duration
+	// claimID is written as the fence of every slot row this Slots
+	// sends (see newClaimID): a row is this claim's own only if it
+	// carries it.
+	claimID uint64
 
 	token chan struct{} // held by the one call writing the slots
 
@@ -164,20 +169,48 @@ type heldSlot struct {
 	seen  string // the row the next write must present
 	// untilMS and trustFrom describe the last write confirmed to have
 	// landed; sentMS is the largest until_ms this Slots sent for the slot.
-	// lin stamps the rows of every Slots of the run at the slot's key, so
-	// that no two of them send equal rows (see lineage.go); doubt holds
-	// the until_ms of this Slots' writes of unknown outcome since seen.
+	// lin stamps the rows this Slots sends to the slot's key, so that it
+	// never sends equal rows twice, even from claims of the key that
+	// failed (see claimRow); doubt holds the until_ms of this Slots'
+	// writes of unknown outcome since seen.
 	untilMS   int64
 	sentMS    int64
 	lin       *lineage
 	doubt     []int64
 	trustFrom time.Time
 	prev      *string // the row before the claim, for a rollback
+	// leftover says prev was a row of the run that this process
+	// remembered as trusted by no Slots (slots_orphans.go) when the claim
+	// wrote over it: a rollback that puts it back remembers it again.
+	leftover bool
 }
 
 func newSlots(store Store, runID string, o options) *Slots {
 	return &Slots{store: store, runID: runID, o: o, margin: o.ttl/10 + o.uncertainty,
-		token: make(chan struct{}, 1)}
+		claimID: newClaimID(), token: make(chan struct{}, 1)}
+}
+
+// newClaimID returns a random number in [1, 2^63), the claim id that a
+// Slots writes in the fence field of each of its slot rows. Slot rows name
+// the run, and any number of claims of one run, in this process and in
+// others, may write rows of the same slot, TTL and millisecond: the claim
+// id tells them apart, so a row read back is this claim's own only when it
+// carries this claim's id (two claims drawing one id among 2^63 are left
+// to chance). The reference writes 0 there and reads nothing from it, so
+// rows stay compatible; a row with fence 0 (the reference's, or an older
+// version's) is no claim's own by id. It stays below 2^63 for the readers
+// of the rows that hold integers in signed 64 bits.
+func newClaimID() uint64 {
+	for {
+		if id := rand.Uint64() >> 1; id != 0 {
+			return id
+		}
+	}
+}
+
+// row returns the slot row this Slots sends with until_ms untilMS.
+func (s *Slots) row(untilMS int64) string {
+	return leaseRow{Holder: s.runID, Fence: s.claimID, UntilMS: untilMS}.encode()
 }
 
 // RunID returns the run that holds the slots.
@@ -401,7 +434,7 @@ func (s *Slots) renewOne(ctx context.Context, h *heldSlot) error {
 		untilMS, _ := h.lin.stamp(s.o.now(), s.o.ttl, h.sentMS)
 		h.sentMS = untilMS
 		s.mu.Unlock()
-		next := leaseRow{Holder: s.runID, UntilMS: untilMS}.encode()
+		next := s.row(untilMS)
 		ok, err := s.store.MetaCAS(ctx, h.key, &seen, next)
 		if err != nil && !IsOutcomeUnknown(err) {
 			return err
@@ -425,7 +458,8 @@ func (s *Slots) renewOne(ctx context.Context, h *heldSlot) error {
 		case rerr != nil:
 			return rerr
 		case found && cur == next && err != nil:
-			// Landed: no other Slots sends these bytes (see lineage.go).
+			// Landed: no other Slots sends these bytes (its claim id
+			// differs) and this one sends them once (h.lin).
 			s.confirm(h, next, untilMS, start)
 			return nil
 		case err != nil && found && cur == seen:
@@ -443,16 +477,17 @@ func (s *Slots) renewOne(ctx context.Context, h *heldSlot) error {
 }
 
 // sentByThis reports whether row, found at h's key, is a write of this
-// Slots whose reply was lost: the run's own row, stamped as one of its
-// writes in doubt. Slot rows name the run, not the Slots, so another Slots
-// of the same run (a claim over the slot after this one's row expired, or
-// a replaced driver's) writes rows that name the run too; they are stamped
-// apart from this Slots' (see lineage.go), so they are not adopted, and
-// their slot is not deleted.
+// Slots whose reply was lost: the run's own row, with this claim's id, and
+// stamped as one of its writes in doubt. Another Slots of the same run (a
+// claim over the slot after this one's row expired, or a replaced
+// driver's, in this process or another) writes rows that name the run
+// too, and may stamp them alike (the same TTL and millisecond); its claim
+// id differs, so its row is not adopted, and its slot is not deleted. A
+// row with fence 0 (the reference's) is never this claim's.
 func (s *Slots) sentByThis(h *heldSlot, row leaseRow) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return row.Holder == s.runID && slices.Contains(h.doubt, row.UntilMS)
+	return row.Holder == s.runID && row.Fence == s.claimID && slices.Contains(h.doubt, row.UntilMS)
 }
 
 func (s *Slots) confirm(h *heldSlot, next string, untilMS int64, start time.Time) {

@@ -235,13 +235,16 @@ func (s *Slots) planAll(ctx context.Context, scopes []Scope, me *queueEntry) ([]
 }
 
 // claimRow returns the row a claim of key writes now, its until_ms, and
-// the lineage that stamped it: the stamp is above every row another Slots
-// of the run in this process sent for the slot, so a read-back tells this
-// claim's row from theirs.
+// the lineage that stamped it. The row carries the claim id, which tells
+// it from the rows of every other claim of the run, here or in another
+// process; the lineage, the claim's own at key, stamps it above every row
+// this claim sent there before (a waiting claim may claim one slot again
+// after an admission whose outcome was unknown), so no two of its rows
+// are equal either.
 func (s *Slots) claimRow(key string) (string, int64, *lineage) {
-	lin := lineageOf(s.store, key, s.runID, 0)
+	lin := lineageOf(s.store, key, s.runID, s.claimID)
 	untilMS, _ := lin.stamp(s.o.now(), s.o.ttl, 0)
-	return leaseRow{Holder: s.runID, UntilMS: untilMS}.encode(), untilMS, lin
+	return s.row(untilMS), untilMS, lin
 }
 
 // claimSingle claims a slot of one scope: a scan, then a conditional write
@@ -764,9 +767,10 @@ func (s *Slots) holds(key string) bool {
 
 // rollback puts the slots written by an unfinished claim back as they were.
 // If that fails, the slot is left to expire after its TTL, remembered as a
-// row of the run that no Slots trusts (slots_orphans.go). A row of the run
-// put back (a leftover the claim had taken, or an expired row) is trusted
-// by no Slots either, and is remembered again.
+// row of the run that no Slots trusts (slots_orphans.go). A leftover of
+// the run put back is trusted by no Slots either, and is remembered again;
+// any other row put back (an expired one, the run's included) is as it
+// was, nobody's leftover.
 func (s *Slots) rollback(ctx context.Context) error {
 	var errs []error
 	for _, h := range s.held {
@@ -780,7 +784,7 @@ func (s *Slots) rollback(ctx context.Context) error {
 		if err != nil {
 			s.gaveUp([]*heldSlot{h})
 		}
-		if row, derr := decodeRow(deref(h.prev)); restored && derr == nil && row.Holder == s.runID {
+		if row, derr := decodeRow(deref(h.prev)); restored && derr == nil && h.leftover {
 			rememberOrphan(s.store, s.runID, h.key, *h.prev, row.UntilMS, s.o.nowMS(), h.lin)
 		}
 		errs = append(errs, err)
@@ -794,7 +798,7 @@ func (s *Slots) rollback(ctx context.Context) error {
 func (s *Slots) tookOver(held []*heldSlot) {
 	for _, h := range held {
 		if h.prev != nil {
-			forgetOrphan(s.store, s.runID, h.key, *h.prev)
+			h.leftover = forgetOrphan(s.store, s.runID, h.key, *h.prev)
 		}
 	}
 }
@@ -810,7 +814,7 @@ func (s *Slots) gaveUp(held []*heldSlot) {
 		s.mu.Unlock()
 		rememberOrphan(s.store, s.runID, h.key, seen, untilMS, s.o.nowMS(), h.lin)
 		for _, d := range doubt {
-			rememberOrphan(s.store, s.runID, h.key, leaseRow{Holder: s.runID, UntilMS: d}.encode(), d, s.o.nowMS(), h.lin)
+			rememberOrphan(s.store, s.runID, h.key, s.row(d), d, s.o.nowMS(), h.lin)
 		}
 	}
 }

@@ -14,8 +14,13 @@ import (
 // outcome was unknown, or putting the slot back failed), or a Slots gave
 // them up (a Release whose delete failed).
 // The process remembers those rows, by Store value and run, with their
-// exact text: stamps come from the run's lineage at the key (lineage.go),
-// so no other Slots of the process ever sent those bytes. A later claim of
+// exact text, which no other Slots ever sent: it carries the claim id of
+// the Slots that sent it (newClaimID), which tells its rows from those of
+// every other claim of the run, in this process or another, and that
+// Slots stamps its rows at a key from a lineage of its own (lineage.go),
+// so it never sends one row twice. A row with fence 0 (the reference's,
+// or an older version's) is never remembered: it is nobody's leftover
+// here. A later claim of
 // the run here takes such a row as a free slot (the write over it is
 // conditional on those very bytes), so a run whose claim failed is not
 // kept out of a full scope by its own leftovers for a TTL; and a Release
@@ -64,11 +69,12 @@ type orphanRun struct {
 // so that a store no longer used is not kept reachable past its rows.
 //
 // lin, the lineage that stamped the row, is pinned until the row has
-// expired: were it collected, a later claim of the run would start a new
-// lineage and could stamp the very same bytes (the same until_ms, from a
-// clock that stood still), and the process would take that live claim's
-// row for the leftover, free for another claim and deleted by any Release
-// of the run.
+// expired: were it collected, a later claim of the same Slots at the key
+// (a waiting claim admitted again after an admission whose outcome was
+// unknown) would start a new lineage and could stamp the very same bytes
+// (the same claim id and until_ms, from a clock that stood still), and the
+// process would take that live claim's row for the leftover, free for
+// another claim and deleted by any Release of the run.
 func rememberOrphan(store Store, runID, key, row string, untilMS, nowMS int64, lin *lineage) {
 	lin.pin(time.UnixMilli(nowMS), untilMS)
 	now := time.Now()
@@ -102,18 +108,19 @@ func rememberOrphan(store Store, runID, key, row string, untilMS, nowMS int64, l
 	keys[key][row] = life
 }
 
-// forgetOrphan drops row at key, deleted or written over.
-func forgetOrphan(store Store, runID, key, row string) {
+// forgetOrphan drops row at key, deleted or written over, and reports
+// whether it was remembered.
+func forgetOrphan(store Store, runID, key, row string) bool {
 	k := orphanRun{storeIdentity(store), runID}
 	orphans.mu.Lock()
 	defer orphans.mu.Unlock()
-	forgetOrphanLocked(k, key, row)
+	return forgetOrphanLocked(k, key, row)
 }
 
-func forgetOrphanLocked(k orphanRun, key, row string) {
+func forgetOrphanLocked(k orphanRun, key, row string) bool {
 	rows := orphans.m[k][key]
 	if _, ok := rows[row]; !ok {
-		return
+		return false
 	}
 	delete(rows, row)
 	orphans.count--
@@ -123,6 +130,7 @@ func forgetOrphanLocked(k orphanRun, key, row string) {
 			delete(orphans.m, k)
 		}
 	}
+	return true
 }
 
 // orphanTest returns a test of whether a row at a key is one of runID's

@@ -113,11 +113,16 @@ func TestSlots(t *testing.T) {
 			[]runlease.Scope{runlease.MemScope(4), runlease.PrincipalScope("alice", 2)},
 			runlease.WithClock(clk.Now), runlease.WithTTL(time.Minute))
 		require.NoError(t, err)
-		row := `{"holder":"r1","fence":0,"until_ms":` + strconv.FormatInt(epoch.Add(time.Minute).UnixMilli(), 10) + `}`
+		// The reference's row, with the claim's id as its fence, where
+		// the reference writes 0 and reads nothing (slots_claim_id_test.go).
+		got := rows(t, s)
+		require.NotEmpty(t, got)
+		fence := slotFence(t, got[0].Value)
+		row := `{"holder":"r1","fence":` + strconv.FormatUint(fence, 10) + `,"until_ms":` + strconv.FormatInt(epoch.Add(time.Minute).UnixMilli(), 10) + `}`
 		assert.Equal(t, []runlease.Row{
 			{Key: "runslot:mem:0", Value: row},
 			{Key: "runslot:principal:alice:0", Value: row},
-		}, rows(t, s))
+		}, got)
 	})
 
 	// Corrupt slot rows, queue entries and marks: slots_corrupt_test.go.
