@@ -28,8 +28,8 @@ for the run, give a --fence at least that high, and confirm that you did
 with --fence-unknown.
 
 --slot KEY repairs a corrupt slot row instead (such as runslot:mem:3),
-which blocks its slot: slots carry no fence, so the row is deleted,
-conditional on its exact text.
+which blocks its slot: a slot row's fence is a claim id, not an order,
+so the row is deleted, conditional on its exact text.
 
 It needs the store's writer: an embedded store that a driver has open is
 refused with RUN-E010. Answering no at the prompt changes nothing and exits
