@@ -291,9 +291,7 @@ func (c *bareContender) close() error {
 		err = c.listener.Close(ctx)
 		cancel()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	_, derr := c.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{c.schema}.Sanitize()+" CASCADE")
+	derr := drop(c.pool, "DROP SCHEMA IF EXISTS "+pgx.Identifier{c.schema}.Sanitize()+" CASCADE")
 	c.pool.Close()
 	return errors.Join(err, derr)
 }

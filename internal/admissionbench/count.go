@@ -78,6 +78,22 @@ func openPool(ctx context.Context, dsn string, maxConns int32, trips *tripCounte
 	return pool, nil
 }
 
+// drop runs a DROP statement, again when it fails: waiters cancelled a
+// moment before may still be taking their places out of the queue, and a
+// DROP among their transactions can be chosen as a deadlock's victim.
+func drop(pool *pgxpool.Pool, stmt string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var err error
+	for range 10 {
+		if _, err = pool.Exec(ctx, stmt); err == nil || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return err
+}
+
 // recorder collects what the workers of one measurement see: admissions,
 // their waits, and the units in use, which it tracks at every admission so
 // that the most ever in use is exact rather than sampled.

@@ -137,10 +137,7 @@ func (c *dbosContender) admit(ctx context.Context, w int, ahead bool, queued fun
 }
 
 func (c *dbosContender) dropSchema() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	_, err := c.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{c.schema}.Sanitize()+" CASCADE")
-	return err
+	return drop(c.pool, "DROP SCHEMA IF EXISTS "+pgx.Identifier{c.schema}.Sanitize()+" CASCADE")
 }
 
 func (c *dbosContender) close() error {

@@ -165,9 +165,7 @@ func (c *runleaseContender) reads() ([]time.Duration, []int) { return c.w.reads(
 func (c *runleaseContender) close() error {
 	err := c.raw.Close()
 	if c.pool != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		_, derr := c.pool.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{c.table}.Sanitize())
+		derr := drop(c.pool, "DROP TABLE IF EXISTS "+pgx.Identifier{c.table}.Sanitize())
 		c.pool.Close()
 		err = errors.Join(err, derr)
 	}
