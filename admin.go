@@ -156,8 +156,10 @@ type Pruned struct {
 	Leases []string // run ids whose lease rows were removed
 	Slots  []string // keys of the slot rows removed
 	// Queue holds the keys of the admission-queue rows removed: entries
-	// left by waiters that died or stalled ([QueuePrefix]) and fair-share
-	// marks ([FairPrefix]) that lapsed.
+	// left by waiters that died or stalled ([QueuePrefix], and
+	// [LegacyQueuePrefix] of earlier versions), places of runs that no
+	// longer wait ([PlacePrefix]), and fair-share marks ([FairPrefix]) and
+	// clocks ([ClockPrefix]) that no waiting entry needs.
 	Queue []string
 }
 
@@ -232,14 +234,21 @@ func prunable(ctx context.Context, store Store, olderThan time.Duration, opts []
 		return invalidArg("olderThan", "negative: %v", olderThan)
 	}
 	// horizon <= now, so a row that ended before it holds nothing live.
-	horizon := o.nowMS() - olderThan.Milliseconds()
-	for _, prefix := range []string{LeasePrefix, SlotPrefix, QueuePrefix, FairPrefix} {
+	nowMS := o.nowMS()
+	horizon := nowMS - olderThan.Milliseconds()
+	// The line is read first: a place, mark or clock is pruned only when
+	// the entries it speaks for are gone (queueUse).
+	var use queueUse
+	for _, prefix := range []string{QueuePrefix, LeasePrefix, SlotPrefix, LegacyQueuePrefix, PlacePrefix, FairPrefix, ClockPrefix} {
 		rows, err := store.MetaScan(ctx, prefix)
 		if err != nil {
 			return err
 		}
+		if prefix == QueuePrefix {
+			use = lineUse(rows, nowMS)
+		}
 		for _, r := range rows {
-			if until, ok := endOf(prefix, r.Value); ok && until < horizon {
+			if until, ok := endOf(prefix, r.Value); ok && until < horizon && use.done(prefix, r) {
 				visit(r)
 			}
 		}
@@ -247,16 +256,69 @@ func prunable(ctx context.Context, store Store, olderThan time.Duration, opts []
 	return nil
 }
 
+// queueUse is what the line holds live, for Prune: the live entries by
+// key, and per scope the smallest tag of a live entry.
+type queueUse struct {
+	live   map[string]bool
+	minTag map[string]int64
+}
+
+func lineUse(rows []Row, nowMS int64) queueUse {
+	u := queueUse{live: map[string]bool{}, minTag: map[string]int64{}}
+	for _, r := range rows {
+		scope, _, ok := parseLineKey(r.Key)
+		if !ok {
+			continue
+		}
+		e, err := decodeLineRow(scope, r)
+		if err != nil || !e.live(nowMS) {
+			continue
+		}
+		u.live[r.Key] = true
+		if t, seen := u.minTag[scope]; !seen || e.Tag < t {
+			u.minTag[scope] = e.Tag
+		}
+	}
+	return u
+}
+
+// done reports whether the row r under prefix speaks for nothing the line
+// still holds: a place whose entry is not live; a mark behind every live
+// tag of its scope (so no entry of its principal waits, and its finish
+// ranks nobody: the virtual time is past it); a clock of a scope where
+// nothing waits. Entries, leases and slots are judged by their expiry
+// alone.
+func (u queueUse) done(prefix string, r Row) bool {
+	switch prefix {
+	case PlacePrefix:
+		p, _ := decodePlace(r.Value)
+		return !u.live[p.Key]
+	case FairPrefix:
+		scope, _, ok := cutScopeSegment(r.Key, FairPrefix)
+		m, _ := decodeMark(r.Value)
+		t, waiting := u.minTag[scope]
+		return ok && (!waiting || m.Finish <= t)
+	case ClockPrefix:
+		scope, rest, ok := cutScopeSegment(r.Key+":", ClockPrefix)
+		_, waiting := u.minTag[scope]
+		return ok && rest == "" && !waiting
+	}
+	return true
+}
+
 // endOf is when the row under prefix stops counting (its until_ms), and
 // false when the row does not parse.
 func endOf(prefix, value string) (int64, bool) {
 	switch prefix {
-	case QueuePrefix:
+	case QueuePrefix, LegacyQueuePrefix:
 		e, err := decodeEntry(value)
 		return e.UntilMS, err == nil
-	case FairPrefix:
+	case FairPrefix, ClockPrefix:
 		m, err := decodeMark(value)
 		return m.UntilMS, err == nil
+	case PlacePrefix:
+		p, err := decodePlace(value)
+		return p.UntilMS, err == nil
 	}
 	row, err := decodeRow(value)
 	return row.UntilMS, err == nil

@@ -2,6 +2,7 @@ package runlease_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -294,56 +295,83 @@ func TestPruneRemovesQueueRowsOfGoneWaiters(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, marks, 1)
 
-	entry := func(run string, until time.Time) string {
-		return `{"run":"` + run + `","waiter":"w-` + run + `","fence":0,"seq":1,"principal":"","weight":1,"priority":0,"units":1,"tag":0,"enq_ms":` +
-			strconv.FormatInt(epoch.UnixMilli(), 10) + `,"until_ms":` + strconv.FormatInt(until.UnixMilli(), 10) + `,"scopes":["mem"]}`
+	clocks, err := s.MetaScan(t.Context(), runlease.ClockPrefix)
+	require.NoError(t, err)
+	require.Len(t, clocks, 1, "the admission moved the scope's clock")
+
+	entry := func(run string, tag int64, until time.Time) (string, string) {
+		return pruneLineKey("mem", run, tag), `{"run":"` + run + `","waiter":"w-` + run + `","fence":0,"seq":1,"principal":"","weight":1,"priority":0,"units":1,"tag":` +
+			strconv.FormatInt(tag, 10) + `,"enq_ms":` + strconv.FormatInt(epoch.UnixMilli(), 10) + `,"until_ms":` + strconv.FormatInt(until.UnixMilli(), 10) + `,"scopes":["mem"]}`
 	}
-	put(t, s, "runqueue:3:mem:dead", entry("dead", epoch.Add(time.Minute)))
-	put(t, s, "runqueue:3:mem:corrupt", `{"run":"corrupt"`)
+	place := func(run, key string) string {
+		return `{"waiter":"w-` + run + `","fence":0,"key":"` + key + `","until_ms":` + strconv.FormatInt(epoch.Add(time.Minute).UnixMilli(), 10) + `}`
+	}
+	deadKey, dead := entry("dead", 0, epoch.Add(time.Minute))
+	put(t, s, deadKey, dead)
+	put(t, s, "runplace:3:mem:dead", place("dead", deadKey))
+	_, legacy := entry("old", 0, epoch.Add(time.Minute))
+	put(t, s, "runqueue:3:mem:old", legacy)
+	put(t, s, pruneLineKey("mem", "corrupt", 0), `{"run":"corrupt"`)
 	put(t, s, "runfair:3:mem:bad", `{"finish":-1,"until_ms":1}`)
+	// A principal whose mark is ahead of a live tag may have runs waiting:
+	// its mark stays however old.
+	put(t, s, "runfair:3:mem:ahead", `{"finish":9000000,"until_ms":`+strconv.FormatInt(epoch.Add(time.Minute).UnixMilli(), 10)+`}`)
 	clk.Advance(2 * time.Hour)
-	put(t, s, "runqueue:3:mem:recent", entry("recent", clk.Now().Add(-time.Minute)))
-	put(t, s, "runqueue:3:mem:live", entry("live", clk.Now().Add(time.Minute)))
+	recentKey, recent := entry("recent", 0, clk.Now().Add(-time.Minute))
+	put(t, s, recentKey, recent)
+	liveKey, live := entry("live", 5_000_000, clk.Now().Add(time.Minute))
+	put(t, s, liveKey, live)
+	put(t, s, "runplace:3:mem:live", place("live", liveKey)) // old, but its entry is live
 	before := rows(t, s)
 
 	want, err := runlease.PruneCandidates(t.Context(), s, time.Hour, runlease.WithClock(clk.Now))
 	require.NoError(t, err)
-	assert.Equal(t, []string{"runqueue:3:mem:dead", marks[0].Key}, want.Queue)
+	assert.Equal(t, []string{deadKey, "runqueue:3:mem:old", "runplace:3:mem:dead", marks[0].Key}, want.Queue)
 	assert.Equal(t, before, rows(t, s), "candidates remove nothing")
 
 	got, err := runlease.Prune(t.Context(), s, time.Hour, runlease.WithClock(clk.Now))
 	require.NoError(t, err)
 	assert.Equal(t, want.Queue, got.Queue)
-	left, err := s.MetaScan(t.Context(), runlease.QueuePrefix)
-	require.NoError(t, err)
 	var keys []string
-	for _, r := range left {
-		keys = append(keys, r.Key)
+	for _, prefix := range []string{runlease.QueuePrefix, runlease.LegacyQueuePrefix, runlease.PlacePrefix, runlease.FairPrefix, runlease.ClockPrefix} {
+		left, err := s.MetaScan(t.Context(), prefix)
+		require.NoError(t, err)
+		for _, r := range left {
+			keys = append(keys, r.Key)
+		}
 	}
-	assert.Equal(t, []string{"runqueue:3:mem:corrupt", "runqueue:3:mem:live", "runqueue:3:mem:recent"}, keys,
-		"live, recent and corrupt entries stay")
+	assert.Equal(t, []string{pruneLineKey("mem", "corrupt", 0), recentKey, liveKey, "runplace:3:mem:live",
+		"runfair:3:mem:ahead", "runfair:3:mem:bad", clocks[0].Key}, keys,
+		"live, recent and corrupt entries stay, with the place of a live one, a mark ahead of a live tag and the clock of a scope where a run waits")
 	assert.Equal(t, `{"finish":-1,"until_ms":1}`, get(t, s, "runfair:3:mem:bad"), "a corrupt mark stays")
+}
+
+// pruneLineKey is the line key of an entry of run at priority 0 with tag,
+// enqueued at epoch, in scope.
+func pruneLineKey(scope, run string, tag int64) string {
+	return fmt.Sprintf("%s%d:%s:%07d.%019d.%016d:%s", runlease.QueuePrefix, len(scope), scope, runlease.MaxPriority, tag, epoch.UnixMilli(), run)
 }
 
 func TestPruneLeavesAQueueEntryItsWaiterRenewed(t *testing.T) {
 	t.Parallel()
 	s, clk := newSQLite(t), testkit.NewClock(epoch)
-	old := `{"run":"r","waiter":"w","fence":0,"seq":1,"principal":"","weight":1,"priority":0,"units":1,"tag":0,"enq_ms":1,"until_ms":` +
-		strconv.FormatInt(epoch.UnixMilli(), 10) + `,"scopes":["mem"]}`
-	put(t, s, "runqueue:3:mem:r", old)
+	key := pruneLineKey("mem", "r", 0)
+	old := `{"run":"r","waiter":"w","fence":0,"seq":1,"principal":"","weight":1,"priority":0,"units":1,"tag":0,"enq_ms":` +
+		strconv.FormatInt(epoch.UnixMilli(), 10) + `,"until_ms":` + strconv.FormatInt(epoch.UnixMilli()+1, 10) + `,"scopes":["mem"]}`
+	put(t, s, key, old)
 	clk.Advance(2 * time.Hour)
 	want, err := runlease.PruneCandidates(t.Context(), s, time.Hour, runlease.WithClock(clk.Now))
 	require.NoError(t, err)
-	require.Equal(t, []string{"runqueue:3:mem:r"}, want.Queue)
+	require.Equal(t, []string{key}, want.Queue)
 	// The waiter renews between the listing and the delete: the delete is
 	// conditional on the row listed, so the renewed entry stays.
 	renewed := strings.Replace(strings.Replace(old, `"seq":1`, `"seq":2`, 1),
-		strconv.FormatInt(epoch.UnixMilli(), 10), strconv.FormatInt(clk.Now().Add(time.Minute).UnixMilli(), 10), 1)
-	s2 := &renewBeforeDelete{Store: s, key: "runqueue:3:mem:r", row: renewed}
+		`"until_ms":`+strconv.FormatInt(epoch.UnixMilli()+1, 10), `"until_ms":`+strconv.FormatInt(clk.Now().Add(time.Minute).UnixMilli(), 10), 1)
+	s2 := &renewBeforeDelete{Store: s, key: key, row: renewed}
 	got, err := runlease.Prune(t.Context(), s2, time.Hour, runlease.WithClock(clk.Now))
 	require.NoError(t, err)
 	assert.Empty(t, got.Queue)
-	assert.Equal(t, renewed, get(t, s, "runqueue:3:mem:r"))
+	assert.Equal(t, renewed, get(t, s, key))
 }
 
 // renewBeforeDelete writes row at key just before the first delete of key,

@@ -130,7 +130,8 @@ func fillQueue(b *testing.B, s runlease.Store, scope string, n int) {
 		run := "queued-" + strconv.Itoa(i)
 		v := fmt.Sprintf(`{"run":%q,"waiter":"w%d","fence":0,"seq":1,"principal":"p%d","weight":1,"priority":-1,"units":1,"tag":%d,"enq_ms":%d,"until_ms":%d,"scopes":[%q]}`,
 			run, i, i%10, i*100_000, now, now+3_600_000, scope)
-		ops = append(ops, runlease.Put(runlease.QueuePrefix+strconv.Itoa(len(scope))+":"+scope+":"+run, v))
+		key := fmt.Sprintf("%s%d:%s:%07d.%019d.%016d:%s", runlease.QueuePrefix, len(scope), scope, runlease.MaxPriority+1, i*100_000, now, run)
+		ops = append(ops, runlease.Put(key, v))
 		if len(ops) == runlease.MaxBatch {
 			flush()
 		}

@@ -294,7 +294,8 @@ func (p *qcPoller) scan(ctx context.Context, store *runlease.PostgresStore) erro
 	return nil
 }
 
-// qcQueueScope returns the scope of a queue key, runqueue:<n>:<scope>:<run>.
+// qcQueueScope returns the scope of a line key,
+// runline:<n>:<scope>:<rank>:<run>.
 func qcQueueScope(key string) (string, bool) {
 	var n int
 	var rest string
@@ -366,7 +367,7 @@ func TestChaosQueueUnderPausesAndKills(t *testing.T) {
 	assert.Empty(t, live, "live slots after every holder ended")
 	_, err = runlease.Prune(t.Context(), store, 0)
 	require.NoError(t, err)
-	for _, prefix := range []string{runlease.QueuePrefix, runlease.FairPrefix} {
+	for _, prefix := range []string{runlease.QueuePrefix, runlease.PlacePrefix, runlease.FairPrefix, runlease.ClockPrefix} {
 		rows, err := store.MetaScan(t.Context(), prefix)
 		require.NoError(t, err)
 		assert.Empty(t, rows, "rows under %s after Prune", prefix)

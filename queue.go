@@ -4,17 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
-	"strconv"
-	"strings"
 )
-
-// QueuePrefix starts the rows of the admission queue: one entry per scope a
-// waiting run asks for, at runqueue:<n>:<scope>:<run id>, where n is the
-// scope name's length in bytes. The length keeps the key unambiguous when a
-// principal scope's name or a run id holds ':' ("principal:a" with run
-// "b:x" and "principal:a:b" with run "x" are two keys).
-const QueuePrefix = "runqueue:"
 
 // Fair-share ranking. Among waiters of equal priority, each entry carries a
 // start tag in a virtual time that advances by tagUnit per unit claimed
@@ -111,79 +101,41 @@ func decodeEntry(value string) (queueEntry, error) {
 	return e, nil
 }
 
-// queueScopePrefix is the key prefix of a scope's queue.
-func queueScopePrefix(scope string) string {
-	return QueuePrefix + strconv.Itoa(len(scope)) + ":" + scope + ":"
+// queueScopePrefix is the key prefix of a scope's legacy queue entries,
+// and the key of the scope's bell (queueBell), which no row has.
+func queueScopePrefix(scope string) string { return LegacyQueuePrefix + scopeSegment(scope) + ":" }
+
+// parseLegacyQueueKey splits a legacy queue key into its scope and run id.
+func parseLegacyQueueKey(key string) (scope, runID string, ok bool) {
+	scope, runID, ok = cutScopeSegment(key, LegacyQueuePrefix)
+	return scope, runID, ok && runID != ""
 }
 
-func queueKey(scope, runID string) string { return queueScopePrefix(scope) + runID }
-
-// parseQueueKey splits a queue key into its scope and run id.
-func parseQueueKey(key string) (scope, runID string, ok bool) {
-	rest, ok := strings.CutPrefix(key, QueuePrefix)
-	if !ok {
-		return "", "", false
-	}
-	digits, rest, ok := strings.Cut(rest, ":")
-	n, err := strconv.Atoi(digits)
-	if !ok || err != nil || n <= 0 || n >= len(rest) || strconv.Itoa(n) != digits || rest[n] != ':' {
-		return "", "", false
-	}
-	if rest[n+1:] == "" {
-		return "", "", false
-	}
-	return rest[:n], rest[n+1:], true
-}
-
-// queuedRow is a live entry of a scope's queue as a scan found it.
+// queuedRow is a live entry of a scope's line as a read found it.
 type queuedRow struct {
 	key string
 	raw string
 	e   queueEntry
 }
 
-// scopeView is one scope as a claim sees it: its slot rows and its live
-// queue entries, read by two scans.
-type scopeView struct {
-	sc    Scope
-	nowMS int64
-	slots []Row // the scope's slot rows, parsed and checked by plan
-	queue []queuedRow
-	// expiresMS is the earliest instant at which a live slot row or queue
-	// entry of the view expires, for a waiter's next look (0: none).
-	expiresMS int64
-}
-
-// scanQueue reads the live entries of a scope's queue, and records every
-// entry row by key in all (when not nil). An entry that does not parse is
-// recorded in bad, by key, and holds no place: it ranks nowhere and
-// reserves nothing, and nothing writes over it. With bad nil, it is a
-// [*CorruptRowError] instead.
-func scanQueue(rows []Row, scope string, nowMS int64, all, bad map[string]string) ([]queuedRow, int64, error) {
-	return scanQueueReusing(rows, scope, nowMS, all, bad, nil)
-}
-
-// scanQueueReusing is scanQueue that takes the decoded entry of a row from
-// prev, an earlier scan's shared decoding, when the row is unchanged since
-// (nil: decode every row).
-func scanQueueReusing(rows []Row, scope string, nowMS int64, all, bad map[string]string, prev *sharedQueue) ([]queuedRow, int64, error) {
-	out := make([]queuedRow, 0, len(rows)) // entries are large: grow once
+// decodeLine decodes the rows of a scope's line, read in key order (so in
+// rank order), and returns its live entries, in that order, and the
+// earliest expiry among them. It records every entry row that parses by
+// key in all (when not nil). An entry that does not parse is recorded in
+// bad, by key, and holds no place: it ranks nowhere and reserves nothing,
+// and nothing writes over it. With bad nil, it is a [*CorruptRowError]
+// instead.
+func decodeLine(rows []Row, scope string, nowMS int64, all, bad map[string]string) ([]queuedRow, int64, error) {
+	var out []queuedRow
 	var next int64
 	for _, r := range rows {
-		sc, _, ok := parseQueueKey(r.Key)
-		if !ok || sc != scope {
-			continue
-		}
-		e, found := prev.entry(r)
-		if !found {
-			var err error
-			if e, err = decodeEntry(r.Value); err != nil {
-				if bad == nil {
-					return nil, 0, corruptRow(r.Key, r.Value, err)
-				}
-				bad[r.Key] = r.Value
-				continue
+		e, err := decodeLineRow(scope, r)
+		if err != nil {
+			if bad == nil {
+				return nil, 0, corruptRow(r.Key, r.Value, err)
 			}
+			bad[r.Key] = r.Value
+			continue
 		}
 		if all != nil {
 			all[r.Key] = r.Value
@@ -196,112 +148,55 @@ func scanQueueReusing(rows []Row, scope string, nowMS int64, all, bad map[string
 		}
 		out = append(out, queuedRow{key: r.Key, raw: r.Value, e: e})
 	}
-	if len(out) == 0 {
-		out = nil // no entry: nil, not empty
-	}
-	sortQueue(out)
 	return out, next, nil
 }
 
-// sortQueue sorts q in rank order. It sorts indices and then moves each
-// entry once: entries are large, and a sort that swapped them would copy
-// each of them about log n times (with write barriers, for their strings).
-func sortQueue(q []queuedRow) {
-	if len(q) < 2 {
-		return
-	}
-	idx := make([]int32, len(q))
-	for i := range idx {
-		idx[i] = int32(i)
-	}
-	slices.SortFunc(idx, func(a, b int32) int {
-		switch {
-		case q[a].e.before(&q[b].e):
-			return -1
-		case q[b].e.before(&q[a].e):
-			return 1
-		}
-		return 0
-	})
-	// Position j takes the entry at idx[j]. Each cycle of the permutation
-	// is followed once, from its first position; a position filled is
-	// marked -1.
-	for i := range q {
-		if idx[i] < 0 {
-			continue
-		}
-		first, j := q[i], i
-		for {
-			k := int(idx[j])
-			idx[j] = -1
-			if k == i {
-				q[j] = first
-				break
-			}
-			q[j], j = q[k], k
-		}
-	}
-}
-
-// rankOf returns the fair-share tag a new entry of the run gets in queues
-// that hold the given live entries, where marks holds, per scope, the
-// finish of each principal's last queued entry (see fairMark): the later
-// of the virtual time now and the principal's finish. The virtual time is
-// the smallest tag waiting at the entry's priority or, when nothing waits
-// there, the latest finish any principal has marked, so that it never goes
-// back and a principal gains no credit by having waited less.
-func rankOf(queues [][]queuedRow, marks []map[string]int64, runID, principal string, priority int) int64 {
+// rankIn returns the fair-share tag a new entry of the run gets in the
+// scopes read: the later of the virtual time now and where the
+// principal's last run finishes (its mark, the latest of every scope's).
+// The virtual time is the smallest tag waiting at the entry's priority in
+// any of the scopes or, when nothing waits there, the latest scope clock,
+// so that it never goes back and a principal gains no credit by having
+// waited less. The marks are advanced by compare-and-swap with every entry
+// and every admission from a read (waiter.placeWrites, markWrites), so two
+// runs of one principal never get the same tag.
+func rankIn(states []*scopeState, runID, principal string, priority int) int64 {
 	var vt, fin int64
 	waiting := false
-	for _, q := range queues {
-		for i := range q {
-			e := &q[i].e
-			if e.Run == runID || e.Priority != priority {
-				continue
-			}
-			if !waiting || e.Tag < vt {
-				vt, waiting = e.Tag, true
-			}
-			if e.Principal == principal {
-				fin = max(fin, e.finish())
-			}
+	for _, st := range states {
+		if st.prioSeen && (!waiting || st.prioTag < vt) {
+			vt, waiting = st.prioTag, true
 		}
+		fin = max(fin, st.marks[principal])
 	}
-	for _, m := range marks {
-		if !waiting {
-			for _, f := range m {
-				vt = max(vt, f)
-			}
+	if !waiting {
+		for _, st := range states {
+			vt = max(vt, st.clock)
 		}
-		fin = max(fin, m[principal])
 	}
 	return max(vt, fin)
 }
 
-// rankIn is rankOf over the queues and marks of scopes as read.
-func rankIn(states []*scopeState, runID, principal string, priority int) int64 {
-	queues := make([][]queuedRow, len(states))
-	marks := make([]map[string]int64, len(states))
-	for i, st := range states {
-		queues[i], marks[i] = st.queue, st.marks
-	}
-	return rankOf(queues, marks, runID, principal, priority)
-}
-
 // FairPrefix starts the rows that remember, per scope, where each
-// principal's last admitted run finishes in fair-share virtual time:
+// principal's last run finishes in fair-share virtual time:
 // runfair:<n>:<scope>:<principal>, with n the scope name's length, holding
-// {"finish":N,"until_ms":N}. A principal whose runs are admitted at once
-// and who queues again does not start over at the head: its next run
-// starts where its last one finished. A mark moves only when a waiter of
-// [ClaimSlotsWait] is admitted, and lapses a TTL later: a run that queues
-// writes no mark, and a wait that ends without admission leaves the marks
-// as they were.
+// {"finish":N,"until_ms":N}. A mark moves, by compare-and-swap, when a
+// run of the principal takes a place in the line or is admitted without
+// waiting, so two runs of one principal never share a tag however their
+// calls overlap. A wait that ends without admission moves the mark back
+// when no later run of the principal moved it since. until_ms only tells
+// Prune when the mark was last written: ranking uses the finish whatever
+// its age, since a finish behind the virtual time changes nothing.
 const FairPrefix = "runfair:"
 
 type fairMark struct {
 	Finish  int64 `json:"finish"`
 	UntilMS int64 `json:"until_ms"`
+}
+
+func (m fairMark) encode() string {
+	b, _ := json.Marshal(m) // integers always marshal
+	return string(b)
 }
 
 func decodeMark(value string) (fairMark, error) {
@@ -315,42 +210,9 @@ func decodeMark(value string) (fairMark, error) {
 	return m, nil
 }
 
-func fairScopePrefix(scope string) string {
-	return FairPrefix + strconv.Itoa(len(scope)) + ":" + scope + ":"
-}
+func fairScopePrefix(scope string) string { return FairPrefix + scopeSegment(scope) + ":" }
 
 func fairKey(scope, principal string) string { return fairScopePrefix(scope) + principal }
-
-// scanMarks reads the live fair-share marks of a scope, by principal, and
-// records every mark row by key in all (when not nil). A mark that does
-// not parse is recorded in bad, by key: its principal ranks as one without
-// a mark, and nothing writes over it. With bad nil, it is a
-// [*CorruptRowError] instead.
-func scanMarks(rows []Row, scope string, nowMS int64, all, bad map[string]string) (map[string]int64, error) {
-	prefix := fairScopePrefix(scope)
-	marks := map[string]int64{}
-	for _, r := range rows {
-		principal, ok := strings.CutPrefix(r.Key, prefix)
-		if !ok {
-			continue
-		}
-		m, err := decodeMark(r.Value)
-		if err != nil {
-			if bad == nil {
-				return nil, corruptRow(r.Key, r.Value, err)
-			}
-			bad[r.Key] = r.Value
-			continue
-		}
-		if all != nil {
-			all[r.Key] = r.Value
-		}
-		if m.UntilMS > nowMS {
-			marks[principal] = m.Finish
-		}
-	}
-	return marks, nil
-}
 
 // verdict is whether a run can be admitted to one scope now, and why not.
 type verdict struct {

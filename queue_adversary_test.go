@@ -2,6 +2,8 @@ package runlease_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,34 +39,63 @@ func waitErr(t *testing.T, done <-chan error) error {
 	}
 }
 
-// Two waiters of one principal queue, then give up in the order they
-// queued. A wait that ends without admission leaves no fair-share mark
-// behind: marks move only when a run is admitted.
+// Two waiters of one principal queue, then give up. Each place moved the
+// principal's fair-share mark (so the two got distinct tags); a wait that
+// ends without admission moves it back to what it was, unless a later run
+// of the principal moved it since. Given up last first, they leave no
+// mark behind; given up in the order they queued, the second finds the
+// mark as its place left it and moves it back to the first's: the
+// principal is charged for the first run, as if it had been admitted,
+// never for more.
 func TestQueueAdversaryCancelledWaitersOfOnePrincipalLeaveNoMark(t *testing.T) {
 	t.Parallel()
-	bothStores(t, func(t *testing.T, s runlease.Store) {
-		scopes := []runlease.Scope{runlease.MemScope(1)}
-		_, err := runlease.ClaimSlots(t.Context(), s, "holder", scopes)
-		require.NoError(t, err)
-		before := libRows(t, s)
+	for _, lastFirst := range []bool{true, false} {
+		t.Run("last_first="+strconv.FormatBool(lastFirst), func(t *testing.T) {
+			t.Parallel()
+			bothStores(t, func(t *testing.T, s runlease.Store) {
+				scopes := []runlease.Scope{runlease.MemScope(1)}
+				_, err := runlease.ClaimSlots(t.Context(), s, "holder", scopes)
+				require.NoError(t, err)
+				before := libRows(t, s)
 
-		ctx1, cancel1 := context.WithCancel(t.Context())
-		defer cancel1()
-		ctx2, cancel2 := context.WithCancel(t.Context())
-		defer cancel2()
-		d1 := startWait(ctx1, s, "a1", scopes, runlease.WithFairShare("a", 1))
-		awaitQueued(t, s, 1)
-		d2 := startWait(ctx2, s, "a2", scopes, runlease.WithFairShare("a", 1))
-		awaitQueued(t, s, 2)
+				ctx1, cancel1 := context.WithCancel(t.Context())
+				defer cancel1()
+				ctx2, cancel2 := context.WithCancel(t.Context())
+				defer cancel2()
+				d1 := startWait(ctx1, s, "a1", scopes, runlease.WithFairShare("a", 1))
+				awaitQueued(t, s, 1)
+				d2 := startWait(ctx2, s, "a2", scopes, runlease.WithFairShare("a", 1))
+				awaitQueued(t, s, 2)
+				require.Contains(t, get(t, s, "runfair:3:mem:a"), `{"finish":2000000,`, "each place moved the mark")
 
-		cancel1()
-		require.Same(t, context.Canceled, waitErr(t, d1))
-		cancel2()
-		require.Same(t, context.Canceled, waitErr(t, d2))
+				if lastFirst {
+					cancel2()
+					require.Same(t, context.Canceled, waitErr(t, d2))
+					cancel1()
+					require.Same(t, context.Canceled, waitErr(t, d1))
+				} else {
+					cancel1()
+					require.Same(t, context.Canceled, waitErr(t, d1))
+					cancel2()
+					require.Same(t, context.Canceled, waitErr(t, d2))
+				}
 
-		assert.Empty(t, queueRows(t, s))
-		assert.Equal(t, before, libRows(t, s), "two cancelled waits left a row behind")
-	})
+				assert.Empty(t, queueRows(t, s))
+				if lastFirst {
+					assert.Equal(t, before, libRows(t, s), "two cancelled waits left a row behind")
+					return
+				}
+				assert.Contains(t, get(t, s, "runfair:3:mem:a"), `{"finish":1000000,`, "the first run's share, no more")
+				var rest []runlease.Row
+				for _, r := range libRows(t, s) {
+					if r.Key != "runfair:3:mem:a" {
+						rest = append(rest, r)
+					}
+				}
+				assert.Equal(t, before, rest, "no other row left behind")
+			})
+		})
+	}
 }
 
 // On a store without batches, a waiter writes its entries (and its
@@ -107,8 +138,9 @@ func TestQueueAdversaryPlainStorePartialEntryWriteSurvivesCancel(t *testing.T) {
 	assert.NoError(t, err, "a free slot refused for a waiter that gave up")
 }
 
-// An admission moves the principal's fair-share mark to where the run
-// finishes, the same way on a store with batches and on one without.
+// A run's place moves the principal's fair-share mark to where the run
+// finishes, and its admission keeps it there, the same way on a store
+// with batches and on one without.
 func TestQueueAdversaryPlainStoreAdmissionKeepsTheMark(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -127,9 +159,12 @@ func TestQueueAdversaryPlainStoreAdmissionKeepsTheMark(t *testing.T) {
 			require.NoError(t, err)
 			d := startWait(t.Context(), s, "a1", scopes, runlease.WithFairShare("a", 1), runlease.WithWaitPoll(runlease.MinWaitPoll))
 			awaitQueued(t, base, 1)
-			_, found, err := base.MetaGet(t.Context(), "runfair:3:mem:a")
-			require.NoError(t, err)
-			assert.False(t, found, "a waiting run moves no mark")
+			// The place moved the mark, in the same batch as the entry or,
+			// without batches, in a write of its own right after it.
+			require.Eventually(t, func() bool {
+				v, found, err := base.MetaGet(t.Context(), "runfair:3:mem:a")
+				return err == nil && found && strings.HasPrefix(v, `{"finish":1000000,`)
+			}, 20*time.Second, time.Millisecond, "the waiting run's place moved the mark")
 			require.NoError(t, held.Release(t.Context()))
 			require.NoError(t, waitErr(t, d))
 			assert.Empty(t, queueRows(t, base))

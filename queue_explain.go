@@ -83,7 +83,7 @@ func ExplainSlots(ctx context.Context, store Store, runID string, scopes []Scope
 	}
 	states := make([]*scopeState, len(scopes))
 	for i, sc := range scopes {
-		if states[i], err = readScope(ctx, store, sc, runID, o, false); err != nil {
+		if states[i], err = readScope(ctx, store, sc, runID, o, true); err != nil {
 			return nil, err
 		}
 	}
@@ -144,7 +144,7 @@ func Queues(ctx context.Context, store Store, opts ...Option) ([]Waiter, error) 
 	byScope := map[string][]Row{}
 	var names []string
 	for _, r := range rows {
-		scope, _, ok := parseQueueKey(r.Key)
+		scope, _, ok := parseLineKey(r.Key)
 		if !ok {
 			continue
 		}
@@ -156,7 +156,7 @@ func Queues(ctx context.Context, store Store, opts ...Option) ([]Waiter, error) 
 	slices.Sort(names)
 	var out []Waiter
 	for _, name := range names {
-		q, _, err := scanQueue(byScope[name], name, now, nil, nil)
+		q, _, err := decodeLine(byScope[name], name, now, nil, nil)
 		if err != nil {
 			return nil, err
 		}

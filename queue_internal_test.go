@@ -11,14 +11,16 @@ import (
 )
 
 // fairModel is one scope's queue driven the way waiters drive it: entries
-// ranked by rankOf when they queue, the first in rank order admitted next
-// (unit claims, one slot freed at a time).
+// ranked by rankIn when they queue, each moving its principal's mark, the
+// first in rank order admitted next, moving the clock (unit claims, one
+// slot freed at a time).
 type fairModel struct {
 	queue   []queuedRow
 	nowMS   int64
 	seq     int
 	weights map[string]int
 	marks   map[string]int64 // as the fair-share marks keep them
+	clock   int64            // as the scope's clock keeps it
 }
 
 func (m *fairModel) enqueue(principal string, priority int) string {
@@ -30,7 +32,14 @@ func (m *fairModel) enqueue(principal string, priority int) string {
 	if m.marks == nil {
 		m.marks = map[string]int64{}
 	}
-	e.Tag = rankOf([][]queuedRow{m.queue}, []map[string]int64{m.marks}, run, principal, priority)
+	st := &scopeState{marks: map[string]int64{principal: m.marks[principal]}, clock: m.clock}
+	for _, q := range m.queue {
+		if q.e.Priority == priority && (!st.prioSeen || q.e.Tag < st.prioTag) {
+			st.prioTag, st.prioSeen = q.e.Tag, true
+		}
+	}
+	e.Tag = rankIn([]*scopeState{st}, run, principal, priority)
+	m.marks[principal] = max(m.marks[principal], e.finish())
 	m.queue = append(m.queue, queuedRow{key: run, e: e})
 	return run
 }
@@ -45,7 +54,7 @@ func (m *fairModel) admit() queueEntry {
 	}
 	e := m.queue[best].e
 	m.queue = slices.Delete(m.queue, best, best+1)
-	m.marks[e.Principal] = max(m.marks[e.Principal], e.finish())
+	m.clock = max(m.clock, e.finish())
 	return e
 }
 
@@ -179,14 +188,47 @@ func TestJudgeReservesForWaitersAhead(t *testing.T) {
 func TestQueueKeysRoundTrip(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ scope, run string }{
-		{"mem", "r"}, {"principal:a:b", "x"}, {"principal:a", "b:x"}, {"gpu/1.a", "run:with:colons"},
+		{"mem", "r"}, {"principal:a:b", "x"}, {"principal:a", "b:x"}, {"gpu/1.a", "run:with:colons"}, {"m", "0000001.x"},
 	} {
-		scope, run, ok := parseQueueKey(queueKey(tc.scope, tc.run))
+		e := queueEntry{Run: tc.run, Priority: -3, Tag: 42, EnqMS: 1796424797000}
+		scope, run, ok := parseLineKey(lineKey(tc.scope, &e))
+		require.True(t, ok)
+		assert.Equal(t, tc, struct{ scope, run string }{scope, run})
+		scope, run, ok = parseLegacyQueueKey(legacyQueueKey(tc.scope, tc.run))
 		require.True(t, ok)
 		assert.Equal(t, tc, struct{ scope, run string }{scope, run})
 	}
 	for _, bad := range []string{"runqueue:", "runqueue:3:mem:", "runqueue:03:mem:r", "runqueue:4:mem:r", "runqueue:x:mem:r", "runslot:mem:0"} {
-		_, _, ok := parseQueueKey(bad)
+		_, _, ok := parseLegacyQueueKey(bad)
 		assert.False(t, ok, bad)
+	}
+	for _, bad := range []string{"runline:", "runline:3:mem:", "runline:3:mem:0000001.x", "runline:3:mem:1000000.0000000000000000042.0001796424797000x", "runqueue:3:mem:r"} {
+		_, _, ok := parseLineKey(bad)
+		assert.False(t, ok, bad)
+	}
+}
+
+// TestLineKeysSortInRankOrder checks what the head read rests on: the byte
+// order of line keys is the order in which queueEntry.before ranks their
+// entries, over random priorities, tags, enqueue times and run ids.
+func TestLineKeysSortInRankOrder(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	runs := []string{"a", "b", "ab", "a:b", "~", "0", "é", "a\u00ff", "zz"}
+	pick := func() queueEntry {
+		return queueEntry{Run: runs[rng.IntN(len(runs))], Priority: []int{-MaxPriority, -1, 0, 1, 7, MaxPriority}[rng.IntN(6)],
+			Tag: []int64{0, 1, 999_999, 1_000_000, maxTag}[rng.IntN(5)], EnqMS: []int64{1, 9, 10, 1796424797000, 9999999999999999}[rng.IntN(5)]}
+	}
+	for range 20000 {
+		e, f := pick(), pick()
+		ke, kf := lineKey("s", &e), lineKey("s", &f)
+		switch {
+		case e.before(&f):
+			assert.Less(t, ke, kf, "%+v before %+v", e, f)
+		case f.before(&e):
+			assert.Less(t, kf, ke, "%+v before %+v", f, e)
+		default:
+			assert.Equal(t, ke, kf)
+		}
 	}
 }

@@ -310,20 +310,9 @@ func (r *room) scan(ctx context.Context, f *roomScan) {
 		r.mu.Unlock()
 		close(f.done)
 	}()
-	f.raw, f.err = scanScope(ctx, r.store, r.sc, true)
-	r.mu.Lock()
-	many := len(r.waiters) > 1
-	var prev *sharedQueue
-	if many && r.last != nil {
-		prev = r.last.raw.shared.decoded()
-	}
-	r.mu.Unlock()
-	if many {
-		// Its waiters decode the queue once between them, reusing what
-		// the room's last scan decoded for the rows that did not change
-		// since (a waiter alone decodes only the live entries, for
-		// itself, which costs it less: BenchmarkDecodeScopeRewake).
-		f.raw.shared = &sharedQueue{prev: prev}
+	var raws []scopeRows
+	if raws, f.err = readScopeRows(ctx, r.store, []Scope{r.sc}, nil, false, nil, ""); f.err == nil {
+		f.raw = raws[0]
 	}
 	f.cut = f.err != nil && ctx.Err() != nil
 }

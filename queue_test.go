@@ -103,7 +103,9 @@ func TestClaimSlotsWaitIsWokenByARelease(t *testing.T) {
 		var entry map[string]any
 		require.NoError(t, json.Unmarshal([]byte(queueRows(t, s)[0].Value), &entry))
 		assert.Equal(t, "waiter", entry["run"])
-		assert.Equal(t, "runqueue:3:mem:waiter", queueRows(t, s)[0].Key)
+		// Its entry is in the scope's line, and its place row says so.
+		assert.Equal(t, lineRowOf(t, s, "mem", "waiter").Key, queueRows(t, s)[0].Key)
+		assert.Contains(t, get(t, s, placeKeyOf("mem", "waiter")), `"key":"`+queueRows(t, s)[0].Key+`"`)
 
 		require.NoError(t, held.Release(ctx))
 		select {
@@ -113,6 +115,9 @@ func TestClaimSlotsWaitIsWokenByARelease(t *testing.T) {
 			t.Fatal("the waiter was not woken by the release")
 		}
 		assert.Empty(t, queueRows(t, s), "an admitted waiter leaves the queue")
+		_, found, err := s.MetaGet(ctx, placeKeyOf("mem", "waiter"))
+		require.NoError(t, err)
+		assert.False(t, found, "and its place row")
 		occ, err := runlease.Occupancy(ctx, s)
 		require.NoError(t, err)
 		require.Len(t, occ, 1)
@@ -156,10 +161,16 @@ func TestClaimSlotsWaitAdmitsAtOnceWithoutQueueing(t *testing.T) {
 	sl, err := runlease.ClaimSlotsWait(t.Context(), cb, "r", []runlease.Scope{runlease.MemScope(2), runlease.NamedScope("gpu", 8).Take(3)})
 	require.NoError(t, err)
 	assert.Len(t, sl.Held(), 4, "one mem slot and three gpu slots")
-	assert.Equal(t, int64(2), cb.Scans.Load(), "one read per scope")
+	// The store reads ranges (RangeReader): both scopes' slot rows, the
+	// heads of their lines, their clocks and the run's own rows travel in
+	// one call.
+	assert.Equal(t, int64(1), cb.Scans.Load(), "one read for both scopes")
 	assert.Equal(t, int64(1), cb.Batches.Load(), "every slot in one batch")
 	assert.Zero(t, cb.CASes.Load(), "no queue entry written for a run admitted at once")
 	assert.Empty(t, queueRows(t, s))
+	for _, r := range libRows(t, s) {
+		assert.False(t, strings.HasPrefix(r.Key, runlease.PlacePrefix), "no place row: %s", r.Key)
+	}
 }
 
 func TestWaitersAreAdmittedByFairShareThenInQueueOrder(t *testing.T) {
@@ -331,10 +342,11 @@ func TestADeadWaitersPlaceExpires(t *testing.T) {
 	s, clk := newSQLite(t), testkit.NewClock(epoch)
 	opts := []runlease.Option{runlease.WithTTL(runlease.MinTTL), runlease.WithClock(clk.Now)}
 	scope := runlease.MemScope(1)
-	// The entry a waiter that died left behind: live for another 5 s.
-	entry := `{"run":"dead","waiter":"w1","fence":0,"seq":1,"principal":"","weight":1,"priority":0,"units":1,"tag":0,"enq_ms":` +
-		strconv.FormatInt(epoch.UnixMilli()-1000, 10) + `,"until_ms":` + strconv.FormatInt(epoch.Add(5*time.Second).UnixMilli(), 10) + `,"scopes":["mem"]}`
-	put(t, s, "runqueue:3:mem:dead", entry)
+	// The entry and place a waiter that died left behind: live for
+	// another 5 s.
+	dead := plantedEntry{Run: "dead", Waiter: "w1", Seq: 1, EnqMS: epoch.UnixMilli() - 1000,
+		UntilMS: epoch.Add(5 * time.Second).UnixMilli(), Scopes: []string{"mem"}}
+	entry := plant(t, s, dead)
 
 	_, err := runlease.ClaimSlots(t.Context(), s, "r", []runlease.Scope{scope}, opts...)
 	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit, "the live entry reserves the only slot")
@@ -347,7 +359,82 @@ func TestADeadWaitersPlaceExpires(t *testing.T) {
 	awaitQueued(t, s, 2)
 	clk.Advance(5 * time.Second)
 	require.NoError(t, <-done, "admitted once the dead waiter's entry expired")
-	assert.Equal(t, entry, get(t, s, "runqueue:3:mem:dead"), "another's entry is never written over")
+	// Expired, it may be taken out by a waiter that read past it (only
+	// while it holds the row read); it is never written over.
+	if v, found, err := s.MetaGet(t.Context(), dead.key("mem")); assert.NoError(t, err) && found {
+		assert.Equal(t, entry, v, "another's entry is never written over")
+	}
+	assert.Contains(t, get(t, s, placeKeyOf("mem", "dead")), `"waiter":"w1"`, "nor its place row (Prune's)")
+}
+
+// TestALegacyEntryHoldsNoPlace: an entry at runqueue:, written by a
+// version before the line, ranks nowhere and reserves nothing: a claim of
+// another run is admitted beside it, live or not, and never writes over
+// it. Only its own run reads it (TestALegacyEntryOfTheRunStillWaits).
+func TestALegacyEntryHoldsNoPlace(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		ctx := t.Context()
+		now := time.Now()
+		old := plantedEntry{Run: "old", Waiter: "w1", Seq: 1, EnqMS: now.UnixMilli() - 1000,
+			UntilMS: now.Add(time.Hour).UnixMilli(), Scopes: []string{"mem"}}
+		put(t, s, legacyKeyOf("mem", "old"), old.json())
+		mem := []runlease.Scope{runlease.MemScope(1)}
+
+		sl, err := runlease.ClaimSlots(ctx, s, "plain", mem)
+		require.NoError(t, err, "a live legacy entry of another run holds the only slot for nobody")
+		require.NoError(t, sl.Release(ctx))
+		sl, err = runlease.ClaimSlotsWait(ctx, s, "waiting", mem)
+		require.NoError(t, err, "nor does it hold a waiter back")
+		ex, err := runlease.ExplainSlots(ctx, s, "other", mem)
+		require.NoError(t, err)
+		assert.Zero(t, ex.Scopes[0].QueueLen, "explanations do not count it")
+		assert.Empty(t, ex.Scopes[0].Ahead)
+		require.NoError(t, sl.Release(ctx))
+		assert.Equal(t, old.json(), get(t, s, legacyKeyOf("mem", "old")), "nothing writes over it")
+	})
+}
+
+// TestALegacyEntryOfTheRunStillWaits: a run never waits twice across
+// versions. A live legacy entry of the run, of another waiting call with
+// the same or a newer fence, refuses a wait with RUN-E026 as a place row
+// would; one of an older fence, or expired, is taken out by the new place.
+func TestALegacyEntryOfTheRunStillWaits(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		ctx := t.Context()
+		now := time.Now()
+		mem := []runlease.Scope{runlease.MemScope(1)}
+		_, err := runlease.ClaimSlots(ctx, s, "holder", mem)
+		require.NoError(t, err)
+		live := plantedEntry{Run: "r", Waiter: "w1", Seq: 1, EnqMS: now.UnixMilli() - 1000,
+			UntilMS: now.Add(time.Hour).UnixMilli(), Scopes: []string{"mem"}}
+		put(t, s, legacyKeyOf("mem", "r"), live.json())
+		before := libRows(t, s)
+
+		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second) // a wait that queued would hang
+		_, err = runlease.ClaimSlotsWait(rctx, s, "r", mem)
+		rcancel()
+		require.ErrorIs(t, err, runlease.ErrAlreadyQueued)
+		assert.Equal(t, "RUN-E026", runlease.Code(err))
+		assert.Equal(t, before, libRows(t, s), "the older version's waiter keeps its place")
+
+		// Expired, it is nobody's: the run queues, and its new place
+		// takes the legacy entry out.
+		expired := live
+		expired.UntilMS = now.Add(-time.Second).UnixMilli()
+		cur := live.json()
+		ok, err := s.MetaCAS(ctx, legacyKeyOf("mem", "r"), &cur, expired.json())
+		require.NoError(t, err)
+		require.True(t, ok)
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		res := waitInBackground(wctx, s, "r", mem)
+		awaitWaiting(t, s, "r", res)
+		_, found, err := s.MetaGet(ctx, legacyKeyOf("mem", "r"))
+		require.NoError(t, err)
+		assert.False(t, found, "the new place took the expired legacy entry out")
+	})
 }
 
 func TestAStalledWaiterQueuesAgainAtTheBack(t *testing.T) {
@@ -379,9 +466,7 @@ func TestAStalledWaiterQueuesAgainAtTheBack(t *testing.T) {
 			_, _ = runlease.ClaimSlotsWait(ctx, s, "second", scopes, append(opts, runlease.WithWaitPoll(time.Hour))...)
 		}()
 		synctest.Wait()
-		_, found, err := s.MetaGet(ctx, "runqueue:3:mem:second")
-		require.NoError(t, err)
-		require.True(t, found)
+		lineRowOf(t, s, "mem", "second")
 		time.Sleep(runlease.MinTTL / 3) // the first waiter's renewal is due
 		synctest.Wait()
 		require.Len(t, requeued, 1, "the stalled waiter is told it lost its place")
@@ -390,11 +475,11 @@ func TestAStalledWaiterQueuesAgainAtTheBack(t *testing.T) {
 		assert.Equal(t, []string{"mem"}, e.Scopes)
 		r := queueRows(t, s)
 		require.Len(t, r, 2)
-		assert.NotEqual(t, first, r[0].Value)
-		var a, b map[string]any
-		require.NoError(t, json.Unmarshal([]byte(r[0].Value), &a)) // first
-		require.NoError(t, json.Unmarshal([]byte(r[1].Value), &b)) // second
+		assert.NotEqual(t, first, lineRowOf(t, s, "mem", "first").Value)
+		a, b := lineEntry(t, s, "mem", "first"), lineEntry(t, s, "mem", "second")
 		assert.Greater(t, a["tag"], b["tag"], "it queued again behind the run that came meanwhile")
+		_, firstRun, _ := parseLine(r[0].Key)
+		assert.Equal(t, "second", firstRun, "the line's order says so too")
 		cancel()
 		synctest.Wait()
 	})
@@ -407,6 +492,15 @@ type gatedStore struct {
 	writesPass bool
 	mu         sync.Mutex
 	gate       chan struct{} // nil: reads pass
+	refused    atomic.Int64  // batches whose conditions did not hold
+}
+
+func (g *gatedStore) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runlease.Op) (bool, error) {
+	ok, err := g.SQLiteStore.MetaBatch(ctx, conds, ops)
+	if err == nil && !ok {
+		g.refused.Add(1)
+	}
+	return ok, err
 }
 
 func (g *gatedStore) hold() { g.mu.Lock(); g.gate = make(chan struct{}); g.mu.Unlock() }
@@ -421,6 +515,18 @@ func (g *gatedStore) MetaScanMany(ctx context.Context, prefixes []string) ([][]r
 		<-gate
 	}
 	return g.SQLiteStore.MetaScanMany(ctx, prefixes)
+}
+
+// MetaRanges, how a waiter reads the scopes it waits for, is held up as
+// MetaScanMany is.
+func (g *gatedStore) MetaRanges(ctx context.Context, ranges []runlease.Range) ([][]runlease.Row, error) {
+	g.mu.Lock()
+	gate := g.gate
+	g.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	return g.SQLiteStore.MetaRanges(ctx, ranges)
 }
 
 // MetaCASMany, the entries' renewal, is held up too, until the gate opens
@@ -460,7 +566,7 @@ func TestAWaiterStalledPastItsTTLGivesUpAPlaceTheStoreStillShows(t *testing.T) {
 				runlease.WithHooks(runlease.Hooks{SlotsRequeued: func(e runlease.RequeueEvent) { requeued <- e }}))
 		}()
 		synctest.Wait()
-		placed := get(t, g, "runqueue:3:mem:r")
+		placed := lineRowOf(t, g, "mem", "r").Value
 
 		g.hold()
 		time.Sleep(runlease.MinTTL + time.Second) // its renewal hangs meanwhile
@@ -471,7 +577,7 @@ func TestAWaiterStalledPastItsTTLGivesUpAPlaceTheStoreStillShows(t *testing.T) {
 		assert.Equal(t, "the waiter stalled past its TTL", e.Reason)
 		var was, now map[string]any
 		require.NoError(t, json.Unmarshal([]byte(placed), &was))
-		require.NoError(t, json.Unmarshal([]byte(get(t, g, "runqueue:3:mem:r")), &now))
+		require.NoError(t, json.Unmarshal([]byte(lineRowOf(t, g, "mem", "r").Value), &now))
 		assert.Equal(t, was["waiter"], now["waiter"], "the same waiter")
 		assert.Greater(t, now["seq"], was["seq"], "wrote a new place")
 		cancel()
@@ -545,14 +651,15 @@ func TestQueueBadInputChangesNothing(t *testing.T) {
 	}
 	assert.Empty(t, libRows(t, s))
 
-	// A queue entry that does not parse is never written over: its run
-	// cannot wait in the scope, and the wait says which row it is.
-	put(t, s, "runqueue:3:mem:bad", `{"run":`)
+	// A place row that does not parse is never written over: its run
+	// cannot wait in the scope (its place would be written there), and
+	// the wait says which row it is.
+	put(t, s, placeKeyOf("mem", "bad"), `{"waiter":`)
 	_, err := runlease.ClaimSlotsWait(ctx, s, "bad", []runlease.Scope{mem})
 	var corrupt *runlease.CorruptRowError
 	require.ErrorAs(t, err, &corrupt)
-	assert.Equal(t, "runqueue:3:mem:bad", corrupt.Key)
-	assert.Equal(t, []runlease.Row{{Key: "runqueue:3:mem:bad", Value: `{"run":`}}, libRows(t, s))
+	assert.Equal(t, placeKeyOf("mem", "bad"), corrupt.Key)
+	assert.Equal(t, []runlease.Row{{Key: placeKeyOf("mem", "bad"), Value: `{"waiter":`}}, libRows(t, s))
 }
 
 func TestQueueKeysOfColonNamesDoNotCollide(t *testing.T) {
@@ -570,11 +677,17 @@ func TestQueueKeysOfColonNamesDoNotCollide(t *testing.T) {
 	go func() { _, _ = runlease.ClaimSlotsWait(ctx, s, "b:x", []runlease.Scope{sa}) }()
 	go func() { _, _ = runlease.ClaimSlotsWait(ctx, s, "x", []runlease.Scope{sb}) }()
 	awaitQueued(t, s, 2)
-	keys := []string{}
+	var got []string
 	for _, r := range queueRows(t, s) {
-		keys = append(keys, r.Key)
+		scope, run, ok := parseLine(r.Key)
+		require.True(t, ok, r.Key)
+		got = append(got, scope+" "+run)
 	}
-	assert.ElementsMatch(t, []string{"runqueue:11:principal:a:b:x", "runqueue:13:principal:a:b:x"}, keys)
+	assert.ElementsMatch(t, []string{"principal:a b:x", "principal:a:b x"}, got, "each entry parses back to its own scope and run")
+	// The place rows hold no rank between scope and run: without the
+	// length of the scope's name both would be runplace:principal:a:b:x.
+	assert.Contains(t, get(t, s, "runplace:11:principal:a:b:x"), `"key":"runline:11:principal:a:`)
+	assert.Contains(t, get(t, s, "runplace:13:principal:a:b:x"), `"key":"runline:13:principal:a:b:`)
 }
 
 func TestLeaseClaimSlotsWaitIsFencedByTheLease(t *testing.T) {
@@ -709,7 +822,7 @@ func TestAPlainClaimOnAPlainStoreReadsTheMarksOnlyWhenSomeoneWaits(t *testing.T)
 	mem := []runlease.Scope{runlease.MemScope(1)}
 	sl, err := runlease.ClaimSlots(t.Context(), c, "first", mem)
 	require.NoError(t, err)
-	assert.Equal(t, int64(2), c.Scans.Load(), "slots and queue; nobody waits, so no marks")
+	assert.Equal(t, int64(2), c.Scans.Load(), "slots and the line's head; nobody waits, so no mark or priority rows")
 
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -724,5 +837,10 @@ func TestAPlainClaimOnAPlainStoreReadsTheMarksOnlyWhenSomeoneWaits(t *testing.T)
 	c.Reset()
 	_, err = runlease.ClaimSlots(t.Context(), c, "plain", mem)
 	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit)
-	assert.Equal(t, int64(3), c.Scans.Load(), "slots, queue, and the marks that rank it against the waiter")
+	// A store with neither ranges nor many scans in one call reads each
+	// range with a scan of its own, and ranks a plain claim against the
+	// line only when its head holds a live entry: slots and the head, then
+	// the principal's mark and the first entries at the claim's priority,
+	// which give its fair-share tag.
+	assert.Equal(t, int64(4), c.Scans.Load(), "slots, the line's head, and the mark and priority rows that rank it against the waiter")
 }

@@ -4,9 +4,9 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -141,8 +141,20 @@ type waiter struct {
 	fence  uint64
 	commit func(ctx context.Context, conds []Cond, ops []Op) error
 
-	me   queueEntry // the entry as last written; UntilMS 0 before it is queued
-	rows []string   // per scope, the entry row this waiter last wrote there ("": none)
+	me queueEntry // the entry as last written; UntilMS 0 before it is queued
+	// Per scope: the line key and row of the entry this waiter last wrote
+	// there, and its place row ("": none); the fair-share mark its last
+	// place wrote and the mark that place moved ("": none; prev nil: the
+	// mark was absent), so that a wait that ends gives its share back.
+	keys, rows, places []string
+	marks              []string
+	markPrev           []*string
+	// tried holds the line keys of places whose write was sent but is not
+	// known to have landed or failed: leave looks for them too.
+	tried map[string]struct{}
+	// checkOwn makes the next read the waiter's own, with its place row:
+	// an admission refused while queued may mean its place was taken.
+	checkOwn bool
 	// pending holds the slots of an admission whose outcome is not known
 	// (a fault or the end of ctx cut it short): if it landed after all,
 	// they are the run's, and a wait that returns an error must free them.
@@ -169,17 +181,19 @@ func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, comm
 	if len(scopes) == 0 {
 		return s, nil
 	}
-	if n := claimUnits(scopes) + len(scopes); n > MaxBatch-1 {
-		return nil, invalidArg("scopes", "%d units and entries; a waiting claim takes at most %d", n, MaxBatch-1)
+	if n := claimUnits(scopes) + queueRowsPerScope*len(scopes); n > MaxBatch {
+		return nil, invalidArg("scopes", "%d units and queue rows; a waiting claim writes at most %d", n, MaxBatch)
 	}
 	for _, sc := range scopes {
-		if len(queueKey(sc.name, s.runID)) > MaxKeyLen {
+		if maxLineKeyLen(sc.name, s.runID) > MaxKeyLen {
 			return nil, invalidArg("runID", "run %q with scope %q makes a queue key longer than %d bytes", s.runID, sc.name, MaxKeyLen)
 		}
 	}
 	var id [12]byte
 	_, _ = crand.Read(id[:])
-	w := &waiter{s: s, scopes: scopes, fence: fence, commit: commit, rows: make([]string, len(scopes))}
+	n := len(scopes)
+	w := &waiter{s: s, scopes: scopes, fence: fence, commit: commit, keys: make([]string, n), rows: make([]string, n),
+		places: make([]string, n), marks: make([]string, n), markPrev: make([]*string, n), tried: map[string]struct{}{}}
 	w.me = queueEntry{Run: s.runID, Waiter: hex.EncodeToString(id[:]), Fence: fence,
 		Principal: s.o.principal, Weight: s.o.weightOr1(), Priority: s.o.priority}
 	for _, sc := range scopes {
@@ -211,6 +225,7 @@ func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, comm
 // run waits until the run is admitted in every scope, and returns the
 // slots it then holds.
 func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
+	raced := false
 	for try := 0; ; try++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -229,7 +244,7 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 		if w.queued && !w.stillQueued(states) {
 			w.requeued("the run's place in the queue was taken or expired")
 		}
-		if err := w.aloneInQueue(states); err != nil {
+		if err := w.aloneInQueue(ctx, states); err != nil {
 			return nil, err
 		}
 		if err := w.ownEntryParses(states); err != nil {
@@ -237,7 +252,11 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 		}
 		rank := w.rank(states)
 		plans, admitted, next := w.plan(states, rank)
-		if admitted {
+		// A run that lost a race to be admitted without waiting takes a
+		// place first: the racers then take turns in the queue (where an
+		// admission moves no mark) instead of racing again for every unit.
+		queueFirst := admitted && !w.queued && raced
+		if admitted && !queueFirst {
 			held, err := w.admit(ctx, states, rank, plans)
 			// Read what follows the write, whatever it did: a refusal
 			// means a row changed since the (perhaps shared) read.
@@ -254,7 +273,12 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 				w.requeued("its admission was confirmed after its trust window ran out")
 				continue
 			case errors.Is(err, ErrConditionFailed):
-				continue // a slot or an entry changed since the read: read again
+				// A slot or an entry changed since the read: read again,
+				// with the run's own rows when it is queued (its place
+				// row may have been taken).
+				w.checkOwn = w.queued
+				raced = !w.queued
+				continue
 			case retryableFault(ctx, err):
 				if err := claimBackoff(ctx, try, "MetaBatch"); err != nil {
 					return nil, err
@@ -279,6 +303,11 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 			}
 			return nil, err
 		}
+		if queueFirst {
+			// Units were free when it read: it looks again at once, queued.
+			raced = false
+			continue
+		}
 		if err := w.sleepRenewing(ctx, next); err != nil {
 			return nil, err
 		}
@@ -286,17 +315,38 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 	}
 }
 
-// read reads every scope the run waits for, from scans that started after
-// tick w.fresh, shared with the other waiters of its rooms; each waiter
-// decodes the shared rows for its own run.
+// read reads every scope the run waits for. A queued waiter reads the
+// head of each line from scans that started after tick w.fresh, shared
+// with the other waiters of its rooms, and decodes them for its own run;
+// a waiter that takes a place (or checks its own, checkOwn) reads its own
+// rows too, in a read of its own.
 func (w *waiter) read(ctx context.Context) ([]*scopeState, error) {
 	states := make([]*scopeState, len(w.scopes))
+	orphan := orphanTest(w.s.store, w.s.runID)
+	if !w.queued || w.checkOwn {
+		own := &ownRows{principal: w.me.Principal, priority: w.me.Priority}
+		raws, err := readScopeRows(ctx, w.s.store, w.scopes, own, false, w.s.o.nowMS, w.s.runID)
+		if err != nil {
+			return nil, err
+		}
+		for i, sc := range w.scopes {
+			if states[i], err = decodeScopeFor(sc, w.s.runID, w.s.o, raws[i], orphan); err != nil {
+				return nil, err
+			}
+		}
+		return states, nil
+	}
 	for i, sc := range w.scopes {
 		raw, err := w.rooms[i].rows(ctx, w.fresh, min(w.s.o.poll, joinPatience))
 		if err != nil {
 			return nil, err
 		}
-		if states[i], err = decodeScopeFor(sc, w.s.runID, w.s.o, raw, orphanTest(w.s.store, w.s.runID)); err != nil {
+		// The room read as deep as its scope's limit asks; a waiter whose
+		// limit is higher, or whose head held expired entries, reads on.
+		if err := raw.complete(ctx, w.s.store, sc, w.s.o.nowMS(), w.s.runID, true); err != nil {
+			return nil, err
+		}
+		if states[i], err = decodeScopeFor(sc, w.s.runID, w.s.o, raw, orphan); err != nil {
 			return nil, err
 		}
 	}
@@ -304,15 +354,41 @@ func (w *waiter) read(ctx context.Context) ([]*scopeState, error) {
 }
 
 // stillQueued reports whether every entry the waiter wrote is in place and
-// live, and forgets its place when not.
+// live, and forgets its place when not. An entry beyond the head read is
+// trusted while its renewals land; a read of its own rows also checks its
+// place row.
 func (w *waiter) stillQueued(states []*scopeState) bool {
 	for i, st := range states {
-		if findEntry(st.queue, w.s.runID) == nil || findEntry(st.queue, w.s.runID).raw != w.rows[i] {
+		if !st.holds(w.keys[i], w.rows[i]) {
+			w.queued = false
+			return false
+		}
+		if raw, read := st.entryRows[placeKey(w.scopes[i].name, w.s.runID)]; w.checkOwn && (!read || raw != w.places[i]) {
 			w.queued = false
 			return false
 		}
 	}
+	w.checkOwn = false
 	return true
+}
+
+// holds reports whether the line read holds row at key, live, or may
+// (key lies beyond the head read).
+func (st *scopeState) holds(key, row string) bool {
+	if q := st.entry(key); q != nil {
+		return q.raw == row
+	}
+	return st.cut && key > st.headLast
+}
+
+// entry returns the live entry of the head read at key, if any.
+func (st *scopeState) entry(key string) *queuedRow {
+	for i := range st.queue {
+		if st.queue[i].key == key {
+			return &st.queue[i]
+		}
+	}
+	return nil
 }
 
 func findEntry(q []queuedRow, runID string) *queuedRow {
@@ -331,6 +407,19 @@ func (w *waiter) rank(states []*scopeState) *queueEntry {
 	if w.queued {
 		return &me
 	}
+	for i, st := range states {
+		// A mark still as this waiter's lost place left it ranks the run
+		// from where the mark was before that place: the place was never
+		// admitted.
+		if raw, ok := st.entryRows[fairKey(w.scopes[i].name, me.Principal)]; ok && w.rebases(i, st, raw) {
+			st.marks[me.Principal] = 0
+			if p := w.markPrev[i]; p != nil {
+				if m, err := decodeMark(*p); err == nil {
+					st.marks[me.Principal] = m.Finish
+				}
+			}
+		}
+	}
 	me.Tag = rankIn(states, w.s.runID, me.Principal, me.Priority)
 	me.EnqMS = max(states[0].nowMS, 1)
 	return &me
@@ -347,6 +436,13 @@ func (w *waiter) plan(states []*scopeState, rank *queueEntry) ([][]slotCandidate
 		if st.nextMS != 0 && (next == 0 || st.nextMS < next) {
 			next = st.nextMS
 		}
+		// An entry ahead that expires may let the run in; one behind it,
+		// or its own, changes nothing for it.
+		for _, q := range st.queue {
+			if q.e.Run != rank.Run && q.e.before(rank) && (next == 0 || q.e.UntilMS < next) {
+				next = q.e.UntilMS
+			}
+		}
 		p, err := w.s.planFrom(sc, st, rank)
 		if err != nil {
 			admitted = false
@@ -357,24 +453,53 @@ func (w *waiter) plan(states []*scopeState, rank *queueEntry) ([][]slotCandidate
 	return plans, admitted, next
 }
 
+// queueRowsPerScope bounds the queue rows an admission or a new place
+// writes or checks per scope: the entry, the place, the mark, the clock,
+// an entry of its own from before, and an older driver's entry.
+const queueRowsPerScope = 6
+
 // admit takes the planned slots of every scope and the run's entries out
 // of the queues in one atomic batch, conditional on the slots being as
-// read and the entries being the waiter's own.
+// read, the entries and place rows being the waiter's own, and, for a run
+// admitted without waiting, on its principal's marks and its run's place
+// and legacy entry being as read.
 func (w *waiter) admit(ctx context.Context, states []*scopeState, rank *queueEntry, plans [][]slotCandidate) ([]*heldSlot, error) {
 	conds, ops, held := w.s.claimWrites(w.scopes, plans)
+	if !w.queued {
+		mconds, mops, _, _ := w.markWrites(states, rank)
+		conds, ops = append(conds, mconds...), append(ops, mops...)
+	}
 	for i, sc := range w.scopes {
-		// Every entry of this waiter goes in the same batch: its place
-		// when queued, or one left expired (or half written) from before.
-		key := queueKey(sc.name, w.s.runID)
-		if raw, ok := states[i].entryRows[key]; ok && w.ownsEntry(raw) {
-			conds, ops = append(conds, Cond{Key: key, Value: &raw}), append(ops, Delete(key))
+		st := states[i]
+		pk := placeKey(sc.name, w.s.runID)
+		if w.queued {
+			conds = append(conds, Cond{Key: w.keys[i], Value: &w.rows[i]}, Cond{Key: pk, Value: &w.places[i]})
+			ops = append(ops, Delete(w.keys[i]), Delete(pk))
+		} else {
+			conds, ops = w.clearOwn(st, sc, conds, ops, "")
+			if raw, ok := st.entryRows[pk]; ok {
+				conds, ops = append(conds, Cond{Key: pk, Value: &raw}), append(ops, Delete(pk))
+			} else {
+				conds = append(conds, Cond{Key: pk})
+			}
+			lk := legacyQueueKey(sc.name, w.s.runID)
+			if raw, ok := st.entryRows[lk]; ok {
+				conds = append(conds, Cond{Key: lk, Value: &raw})
+			} else {
+				conds = append(conds, Cond{Key: lk})
+			}
+		}
+		e := *rank
+		e.Units = sc.Units()
+		if fin := e.finish(); fin > st.clock {
+			if _, bad := st.badRows[clockKey(sc.name)]; !bad {
+				ops = append(ops, Put(clockKey(sc.name), fairMark{Finish: fin, UntilMS: stampMS(w.s.o.now(), w.s.o.ttl, 0)}.encode()))
+			}
 		}
 	}
-	mconds, mops := w.markWrites(states, rank)
-	conds, ops = append(conds, mconds...), append(ops, mops...)
 	err := w.commit(ctx, conds, ops)
 	if errors.Is(err, errNoBatch) {
-		return w.admitSlotBySlot(ctx, plans, mconds, mops)
+		return w.admitSlotBySlot(ctx, states, plans, conds, ops)
 	}
 	if err != nil {
 		if !errors.Is(err, ErrConditionFailed) {
@@ -383,21 +508,86 @@ func (w *waiter) admit(ctx context.Context, states []*scopeState, rank *queueEnt
 		return nil, err
 	}
 	w.pending = nil
-	w.queued = false
-	clear(w.rows)
+	w.clearTried(ctx, ops)
+	w.admitted()
 	w.s.tookOver(held)
 	return held, nil
 }
 
+// clearTried deletes, after an admission whose batch was ops, the entries
+// of places this waiter left that the batch did not delete (a place it
+// lost while its entry stayed, beyond the head it read), so that none
+// holds a place for a run already admitted. There are none unless a
+// place was lost; the bound is the one of a leaving waiter.
+func (w *waiter) clearTried(ctx context.Context, ops []Op) {
+	for _, op := range ops {
+		delete(w.tried, op.Key)
+	}
+	if len(w.tried) == 0 {
+		return
+	}
+	cleanup, cancel := cleanupContext(ctx, leaveTimeout)
+	defer cancel()
+	for key := range w.tried {
+		if scope, _, ok := parseLineKey(key); ok {
+			w.deleteOwn(cleanup, key, scope)
+		}
+	}
+}
+
+// admitted forgets the run's place once it is admitted: its entries and
+// place rows are gone, and the marks it moved stay moved.
+func (w *waiter) admitted() {
+	w.queued = false
+	clear(w.keys)
+	clear(w.rows)
+	clear(w.places)
+	clear(w.marks)
+	clear(w.markPrev)
+	clear(w.tried)
+}
+
+// clearOwn adds to a batch the deletes of the entries of the run that the
+// read found in the scope's head and that are not at keep: one of this
+// waiter's from before (a place it lost, or whose write's outcome was not
+// known), and the entry of an older driver's waiter whose place it takes.
+func (w *waiter) clearOwn(st *scopeState, sc Scope, conds []Cond, ops []Op, keep string) ([]Cond, []Op) {
+	for key, raw := range st.entryRows {
+		if key == keep || !w.ownsEntry(raw) {
+			continue
+		}
+		if scope, run, ok := parseLineKey(key); ok && scope == sc.name && run == w.s.runID {
+			raw := raw
+			conds, ops = append(conds, Cond{Key: key, Value: &raw}), append(ops, Delete(key))
+		}
+	}
+	if d := st.displaced; d != nil && d.Key != keep {
+		conds, ops = append(conds, Cond{Key: d.Key, Value: &d.Value}), append(ops, Delete(d.Key))
+	}
+	return conds, ops
+}
+
+// rebases reports whether a new place in scope i is charged from the mark
+// as it was before this waiter's lost place: the mark read (raw) is still
+// the one that place wrote, and that place's entry is not beyond the head
+// read (so it is gone, or in the head, where the new place's batch takes
+// it out). A leftover entry further back still ranks at its tag, and the
+// new place must not take that tag again.
+func (w *waiter) rebases(i int, st *scopeState, raw string) bool {
+	return w.marks[i] != "" && raw == w.marks[i] && !(st.cut && w.keys[i] > st.headLast)
+}
+
 // markWrites returns the conditions and puts that move the principal's
-// fair-share mark in every scope to where the admitted run finishes,
-// conditional on the marks as read. Marks move only when a run is
-// admitted, so a wait that ends without admission leaves them as they
-// were. A mark that does not parse is left as it is: nothing writes over
-// it, and the principal ranks in that scope as one without a mark.
-func (w *waiter) markWrites(states []*scopeState, rank *queueEntry) ([]Cond, []Op) {
-	conds := make([]Cond, 0, len(w.scopes))
-	ops := make([]Op, 0, len(w.scopes))
+// fair-share mark in every scope to where the run at rank finishes,
+// conditional on the marks as read, and the marks written and the rows
+// they replace (nil: absent). A mark that does not parse is left as it
+// is: nothing writes over it, and the principal ranks in that scope as one
+// without a mark. A mark this waiter moved for a place it lost moves on
+// from where it was before that place.
+func (w *waiter) markWrites(states []*scopeState, rank *queueEntry) ([]Cond, []Op, []string, []*string) {
+	n := len(w.scopes)
+	conds, ops := make([]Cond, 0, n), make([]Op, 0, n)
+	marks, prev := make([]string, n), make([]*string, n)
 	for i, sc := range w.scopes {
 		e := *rank
 		e.Units = sc.Units()
@@ -409,11 +599,22 @@ func (w *waiter) markWrites(states []*scopeState, rank *queueEntry) ([]Cond, []O
 		if raw, ok := states[i].entryRows[mk]; ok {
 			seen = &raw
 		}
-		fin := max(e.finish(), states[i].marks[rank.Principal])
-		mark, _ := json.Marshal(fairMark{Finish: fin, UntilMS: stampMS(w.s.o.now(), w.s.o.ttl, 0)})
-		conds, ops = append(conds, Cond{Key: mk, Value: seen}), append(ops, Put(mk, string(mark)))
+		from := states[i].marks[rank.Principal]
+		prev[i] = seen
+		if seen != nil && w.rebases(i, states[i], *seen) {
+			// Still the mark of this waiter's lost place: its share is
+			// given back, and the new place is charged from before it.
+			prev[i], from = w.markPrev[i], 0
+			if w.markPrev[i] != nil {
+				if m, err := decodeMark(*w.markPrev[i]); err == nil {
+					from = m.Finish
+				}
+			}
+		}
+		marks[i] = fairMark{Finish: max(e.finish(), from), UntilMS: stampMS(w.s.o.now(), w.s.o.ttl, 0)}.encode()
+		conds, ops = append(conds, Cond{Key: mk, Value: seen}), append(ops, Put(mk, marks[i]))
 	}
-	return conds, ops
+	return conds, ops, marks, prev
 }
 
 // freePending deletes the slots of an admission whose outcome was not
@@ -467,27 +668,67 @@ func cleanupContext(ctx context.Context, bound time.Duration) (context.Context, 
 
 // aloneInQueue fails with an [*AlreadyQueuedError] when another call
 // waits for the same run in one of the scopes (a live entry of the run
-// that this waiter did not write, of the same or a newer fence): a second
-// call must not be admitted inside the first one's reservation.
-func (w *waiter) aloneInQueue(states []*scopeState) error {
+// that this waiter did not write, of the same or a newer fence, found
+// through the run's place row or its legacy entry): a second call must not
+// be admitted inside the first one's reservation. It looks only when the
+// read holds the run's own rows; the admission and the place it writes
+// are conditional on the place row as read, so a second call that comes
+// after the read is caught then.
+func (w *waiter) aloneInQueue(ctx context.Context, states []*scopeState) error {
 	for i, st := range states {
-		q := findEntry(st.queue, w.s.runID)
-		if q != nil && q.e.Waiter != w.me.Waiter && q.e.Fence >= w.fence {
+		if e := st.legacy; e != nil && e.Waiter != w.me.Waiter && e.Fence >= w.fence {
 			return &AlreadyQueuedError{RunID: w.s.runID, Scope: w.scopes[i].name}
 		}
+		p := st.place
+		if p == nil || p.Waiter == w.me.Waiter {
+			continue
+		}
+		e, raw, err := st.placeEntry(ctx, w.s.store, w.scopes[i].name, p)
+		if err != nil {
+			return err
+		}
+		if e == nil || e.Waiter != p.Waiter {
+			continue // its waiter is gone: the place is free
+		}
+		if p.Fence >= w.fence {
+			return &AlreadyQueuedError{RunID: w.s.runID, Scope: w.scopes[i].name}
+		}
+		// An older driver's waiter: this one takes its place, and its
+		// entry goes with the place written (placeWrites).
+		st.displaced = &Row{Key: p.Key, Value: raw}
 	}
 	return nil
 }
 
-// ownEntryParses fails with a [*CorruptRowError] when the row at the run's
-// own entry key of a scope does not parse: the run can never queue there
-// without writing over it, which nothing does, so its waits fail until a
-// person deletes the row. Other runs wait as usual; the row holds no place.
+// placeEntry returns the live entry a place row points to, and its row:
+// from the head read when it lies there, else read by key.
+func (st *scopeState) placeEntry(ctx context.Context, store Store, scope string, p *placeRow) (*queueEntry, string, error) {
+	if q := st.entry(p.Key); q != nil {
+		return &q.e, q.raw, nil
+	}
+	if !st.cut || p.Key <= st.headLast {
+		return nil, "", nil // within the head, and not live there
+	}
+	raw, found, err := store.MetaGet(ctx, p.Key)
+	if err != nil || !found {
+		return nil, "", err
+	}
+	e, err := decodeLineRow(scope, Row{Key: p.Key, Value: raw})
+	if err != nil || !e.live(st.nowMS) {
+		return nil, "", nil
+	}
+	return &e, raw, nil
+}
+
+// ownEntryParses fails with a [*CorruptRowError] when the run's own place
+// row in a scope does not parse: the run can never queue there without
+// writing over it, which nothing does, so its waits fail until a person
+// deletes the row. Other runs wait as usual.
 func (w *waiter) ownEntryParses(states []*scopeState) error {
 	for i, st := range states {
-		key := queueKey(w.scopes[i].name, w.s.runID)
+		key := placeKey(w.scopes[i].name, w.s.runID)
 		if raw, bad := st.badRows[key]; bad {
-			_, err := decodeEntry(raw)
+			_, err := decodePlace(raw)
 			return corruptRow(key, raw, err)
 		}
 	}
@@ -496,7 +737,7 @@ func (w *waiter) ownEntryParses(states []*scopeState) error {
 
 // admitSlotBySlot admits the run on a store without batches: the slots one
 // by one, put back if one is lost, then the entries taken out.
-func (w *waiter) admitSlotBySlot(ctx context.Context, plans [][]slotCandidate, mconds []Cond, mops []Op) ([]*heldSlot, error) {
+func (w *waiter) admitSlotBySlot(ctx context.Context, states []*scopeState, plans [][]slotCandidate, conds []Cond, ops []Op) ([]*heldSlot, error) {
 	s := w.s
 	for i, sc := range w.scopes {
 		for range sc.Units() {
@@ -512,12 +753,27 @@ func (w *waiter) admitSlotBySlot(ctx context.Context, plans [][]slotCandidate, m
 	}
 	held := s.held
 	s.held = nil
+	clear(w.marks) // admitted: the marks its place moved stay moved
 	cleanup, cancel := cleanupContext(ctx, leaveTimeout)
 	w.leave(cleanup)
 	cancel()
-	for i := range mops {
-		_, _ = casResolved(ctx, s.store, mops[i].Key, mconds[i].Value, mops[i].Value)
+	// Then the marks and clocks the batch would have moved, each
+	// conditional on the row as read.
+	seen := map[string]*string{}
+	for _, c := range conds {
+		seen[c.Key] = c.Value
 	}
+	for i, sc := range w.scopes {
+		if raw, ok := states[i].entryRows[clockKey(sc.name)]; ok {
+			seen[clockKey(sc.name)] = &raw
+		}
+	}
+	for _, op := range ops {
+		if strings.HasPrefix(op.Key, FairPrefix) || strings.HasPrefix(op.Key, ClockPrefix) {
+			_, _ = casResolved(ctx, s.store, op.Key, seen[op.Key], op.Value)
+		}
+	}
+	w.admitted()
 	return held, nil
 }
 
@@ -532,8 +788,10 @@ func (w *waiter) keepPlace(ctx context.Context, states []*scopeState, rank *queu
 		// Stalled past the TTL, less the margin: others may have seen the
 		// entries expire and been admitted over them, so the place is
 		// given up rather than renewed.
+		// It takes a new place from a read of its own rows (the marks its
+		// lost place moved, its place row): the caller reads again.
 		w.requeued("the waiter stalled past its TTL")
-		rank = w.rank(states)
+		return ErrConditionFailed
 	}
 	return w.putPlace(ctx, states, rank)
 }
@@ -589,28 +847,61 @@ func (w *waiter) putPlace(ctx context.Context, states []*scopeState, rank *queue
 	next.Seq++
 	start := time.Now()
 	next.UntilMS = stampMS(w.s.o.now(), w.s.o.ttl, w.me.UntilMS)
-	rows := make([]string, len(w.scopes))
-	conds := make([]Cond, 0, len(w.scopes))
-	ops := make([]Op, 0, len(w.scopes))
+	n := len(w.scopes)
+	keys, rows, places := make([]string, n), make([]string, n), make([]string, n)
+	conds := make([]Cond, 0, n)
+	ops := make([]Op, 0, n)
 	for i, sc := range w.scopes {
-		key := queueKey(sc.name, w.s.runID)
-		var expected *string
-		if w.queued {
-			expected = &w.rows[i]
-		} else if raw, ok := states[i].entryRows[key]; ok {
-			// Expired, ours, or an older driver's (aloneInQueue refused
-			// a live one of anyone else): the new place goes over it.
-			expected = &raw
-		}
 		// One entry per scope: the same rank everywhere, and the units
 		// asked of that scope.
 		e := next
 		e.Units = sc.Units()
-		rows[i] = e.encode()
-		conds, ops = append(conds, Cond{Key: key, Value: expected}), append(ops, Put(key, rows[i]))
+		keys[i], rows[i] = lineKey(sc.name, &e), e.encode()
+		if w.queued {
+			conds, ops = append(conds, Cond{Key: keys[i], Value: &w.rows[i]}), append(ops, Put(keys[i], rows[i]))
+			continue
+		}
+		st := states[i]
+		var expected *string
+		if raw, ok := st.entryRows[keys[i]]; ok {
+			expected = &raw // its own entry from before, at the same rank
+		}
+		conds, ops = append(conds, Cond{Key: keys[i], Value: expected}), append(ops, Put(keys[i], rows[i]))
+		conds, ops = w.clearOwn(st, sc, conds, ops, keys[i])
+		pk := placeKey(sc.name, w.s.runID)
+		places[i] = placeRow{Waiter: w.me.Waiter, Fence: w.fence, Key: keys[i], UntilMS: next.UntilMS}.encode()
+		var seen *string
+		if raw, ok := st.entryRows[pk]; ok {
+			seen = &raw
+		}
+		conds, ops = append(conds, Cond{Key: pk, Value: seen}), append(ops, Put(pk, places[i]))
+		lk := legacyQueueKey(sc.name, w.s.runID)
+		if raw, ok := st.entryRows[lk]; ok {
+			// Expired, ours, or an older driver's (aloneInQueue refused
+			// a live one of anyone else): it goes with the new place.
+			conds, ops = append(conds, Cond{Key: lk, Value: &raw}), append(ops, Delete(lk))
+		} else {
+			conds = append(conds, Cond{Key: lk})
+		}
+	}
+	var marks []string
+	var prev []*string
+	if !w.queued {
+		var mconds []Cond
+		var mops []Op
+		mconds, mops, marks, prev = w.markWrites(states, &next)
+		conds, ops = append(conds, mconds...), append(ops, mops...)
+		for i, k := range keys {
+			// leave looks for every place this waiter may have left: the
+			// one it tries now, and the one it held before.
+			w.tried[k] = struct{}{}
+			if w.keys[i] != "" {
+				w.tried[w.keys[i]] = struct{}{}
+			}
+		}
 	}
 	// Some entries may land and others not (a fault, or a store without
-	// batches): leave finds them by the waiter's id.
+	// batches): leave finds them by their keys.
 	w.wrote = true
 	var ok bool
 	var err error
@@ -641,8 +932,15 @@ func (w *waiter) putPlace(ctx context.Context, states []*scopeState, rank *queue
 	}
 	if !w.queued {
 		w.queuedAt = start
+		copy(w.places, places)
+		for i := range marks {
+			if marks[i] != "" {
+				w.marks[i], w.markPrev[i] = marks[i], prev[i]
+			}
+		}
 	}
-	w.me, w.queued, w.wroteAt, w.rows = next, true, start, rows
+	w.me, w.queued, w.wroteAt = next, true, start
+	w.keys, w.rows = keys, rows
 	return nil
 }
 
@@ -653,14 +951,30 @@ func (w *waiter) ownsEntry(raw string) bool {
 }
 
 // putEntries writes the entries of every scope, all or nothing on a store
-// with batches, and one by one, stopping at the first that does not land,
-// otherwise.
+// with batches, and otherwise op by op, each conditional on its key's
+// condition, stopping at the first that does not land (conditions on keys
+// no op writes cannot be checked together then: such a store gives no
+// atomicity across rows).
 func (w *waiter) putEntries(ctx context.Context, conds []Cond, ops []Op) (bool, error) {
 	if b, ok := w.s.store.(Batcher); ok {
 		return batchResolved(ctx, b, w.s.store, conds, ops)
 	}
-	for i := range ops {
-		if ok, err := casResolved(ctx, w.s.store, ops[i].Key, conds[i].Value, ops[i].Value); err != nil || !ok {
+	expected := make(map[string]*string, len(conds))
+	for _, c := range conds {
+		expected[c.Key] = c.Value
+	}
+	for _, op := range ops {
+		var ok bool
+		var err error
+		switch exp := expected[op.Key]; {
+		case !op.Delete:
+			ok, err = casResolved(ctx, w.s.store, op.Key, exp, op.Value)
+		case exp != nil:
+			ok, err = deleteResolved(ctx, w.s.store, op.Key, *exp)
+		default:
+			ok = true // nothing there to delete
+		}
+		if err != nil || !ok {
 			return false, err
 		}
 	}
@@ -744,9 +1058,10 @@ func (w *waiter) sleep(ctx context.Context, nextMS int64, pollAt time.Time) (ren
 }
 
 // leave takes the run's entries out of the queues, waking the waiters
-// behind it, with ctx, which its callers make with cleanupContext (the
-// waiter's own may have ended). An entry it cannot take out expires after
-// the TTL.
+// behind it, and its place rows, and gives back the share its place took
+// of its principal's marks where no later run moved them since, with ctx,
+// which its callers make with cleanupContext (the waiter's own may have
+// ended). An entry it cannot take out expires after the TTL.
 func (w *waiter) leave(ctx context.Context) {
 	w.queued = false
 	if !w.wrote {
@@ -755,24 +1070,57 @@ func (w *waiter) leave(ctx context.Context) {
 	for i, sc := range w.scopes {
 		// Deleted only while it is a row this waiter wrote, live or
 		// expired: a newer waiter's place is never touched. The row last
-		// sent is tried first; after a write whose outcome is unknown,
-		// the one in place may be an earlier one of ours, so it is read.
-		key := queueKey(sc.name, w.s.runID)
-		if w.rows[i] != "" {
-			if ok, err := deleteRinging(ctx, w.s.store, key, w.rows[i], sc.name); ok || err != nil {
-				w.rows[i] = ""
-				continue
+		// written is tried first; after a write whose outcome is unknown,
+		// the row there may be another of ours, so it is read.
+		gone := w.keys[i] == ""
+		if !gone {
+			ok, err := deleteRinging(ctx, w.s.store, w.keys[i], w.rows[i], sc.name)
+			if !ok && err == nil {
+				ok = w.deleteOwn(ctx, w.keys[i], sc.name)
+			}
+			gone = ok
+		}
+		for key := range w.tried {
+			if scope, _, ok := parseLineKey(key); ok && scope == sc.name && key != w.keys[i] {
+				w.deleteOwn(ctx, key, sc.name)
 			}
 		}
-		w.rows[i] = ""
-		cur, found, err := w.s.store.MetaGet(ctx, key)
-		if err != nil || !found {
-			continue
+		pk := placeKey(sc.name, w.s.runID)
+		if cur, found, err := w.s.store.MetaGet(ctx, pk); err == nil && found {
+			if p, err := decodePlace(cur); err == nil && p.Waiter == w.me.Waiter {
+				_, _ = deleteResolved(ctx, w.s.store, pk, cur)
+			}
 		}
-		if w.ownsEntry(cur) {
-			_, _ = deleteRinging(ctx, w.s.store, key, cur, sc.name)
+		// The share goes back only once the entry is known gone: a
+		// leftover entry still ranks at its tag, and the principal's next
+		// run must not take that tag again.
+		if w.marks[i] != "" && gone {
+			mk := fairKey(sc.name, w.me.Principal)
+			if p := w.markPrev[i]; p != nil {
+				_, _ = casResolved(ctx, w.s.store, mk, &w.marks[i], *p)
+			} else {
+				_, _ = deleteResolved(ctx, w.s.store, mk, w.marks[i])
+			}
 		}
 	}
+	clear(w.keys)
+	clear(w.rows)
+	clear(w.marks)
+	clear(w.tried)
+}
+
+// deleteOwn deletes the entry at key if this waiter wrote it, and reports
+// whether no entry of this waiter is known to be left there.
+func (w *waiter) deleteOwn(ctx context.Context, key, scope string) bool {
+	cur, found, err := w.s.store.MetaGet(ctx, key)
+	switch {
+	case err != nil:
+		return false
+	case !found || !w.ownsEntry(cur):
+		return true
+	}
+	ok, err := deleteRinging(ctx, w.s.store, key, cur, scope)
+	return ok && err == nil
 }
 
 // leaveTimeout bounds how long a waiter whose context ended spends taking

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,6 +24,7 @@ const (
 	envStall     = "RUNLEASE_DSIM_STALL"  // real time without progress that counts as a hang (default 10s)
 	envSurvey    = "RUNLEASE_DSIM_SURVEY" // when set, sweep without failing fast and list, per mode and checker, the seeds that fire it
 	envStrict    = "RUNLEASE_DSIM_STRICT" // when set, the open findings of testdata/sim/known.txt fail the test too
+	envTrace     = "RUNLEASE_DSIM_TRACE"  // when set, a failing schedule of the sweep logs its whole trace (a replay may not fail again: goroutines that call the store at one fake instant race); in a survey, set to checkers (comma-separated), the first schedule of each that fires them
 )
 
 // simDefaultSchedules is the size of the sweep CI runs: about 25 s on one
@@ -121,6 +123,9 @@ func runSimSchedule(t *testing.T, mode sim.Mode, seed uint64) *sim.Report {
 	switch {
 	case len(knownFired) < len(rep.Checks()):
 		t.Errorf("%s\nreplay: %s", rep, replay)
+		if os.Getenv(envTrace) != "" {
+			t.Logf("full trace:\n%s", strings.Join(rep.Trace, "\n"))
+		}
 	case len(knownFired) > 0:
 		t.Logf("open finding(s) %v, listed in testdata/sim/known.txt (%s=1 fails on them): replay: %s", knownFired, envStrict, replay)
 	}
@@ -224,7 +229,12 @@ func surveySim(t *testing.T, mode sim.Mode, base uint64, n int) {
 		synctest.Test(t, func(t *testing.T) { rep = sim.Run(mode, seed, simAPI{}, mon) })
 		stop()
 		seen := map[string]bool{}
+		traced := false
 		for _, v := range rep.Violations {
+			if tr := os.Getenv(envTrace); !traced && tr != "" && (tr == "1" || slices.Contains(strings.Split(tr, ","), v.Check)) {
+				traced = true
+				t.Logf("seed %d: %s\nfull trace:\n%s", seed, v, strings.Join(rep.Trace, "\n"))
+			}
 			if seen[v.Check] {
 				continue
 			}

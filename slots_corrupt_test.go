@@ -2,6 +2,7 @@ package runlease_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -79,11 +80,13 @@ func TestWaitersWaitBesideACorruptSlotRow(t *testing.T) {
 }
 
 // TestACorruptQueueEntryHoldsNoPlace: a queue entry that does not parse
-// ranks nowhere and reserves nothing: other runs claim and wait as usual,
-// and it is never written over. Its own run cannot queue in the scope
-// (that would write over it): its wait fails with RUN-E002 naming the row.
-// Queues, which lists waiters, fails the same way, so that status surfaces
-// show the row rather than hide it.
+// ranks nowhere and reserves nothing, even at the head of its line: other
+// runs claim and wait as usual, and it is never written over. Its own run
+// is not held back by it either (its new place is a row of its own); only
+// a place row that does not parse stops its run from queueing in the scope
+// (its place would be written over it): that wait fails with RUN-E002
+// naming the row. Queues, which lists waiters, fails on the entry the same
+// way, so that status surfaces show the row rather than hide it.
 func TestACorruptQueueEntryHoldsNoPlace(t *testing.T) {
 	t.Parallel()
 	for _, st := range slotStores {
@@ -91,7 +94,8 @@ func TestACorruptQueueEntryHoldsNoPlace(t *testing.T) {
 			t.Parallel()
 			ctx, s := t.Context(), st.open(t)
 			gpu := []runlease.Scope{runlease.NamedScope("gpu", 1)}
-			const bad = "runqueue:3:gpu:bad"
+			// At the head of the line: the smallest rank a key can hold.
+			bad := linePrefix("gpu") + "0000000.0000000000000000000.0000000000000001:bad"
 			put(t, s, bad, `{"run":`)
 
 			holder, err := runlease.ClaimSlots(ctx, s, "r1", gpu)
@@ -104,16 +108,47 @@ func TestACorruptQueueEntryHoldsNoPlace(t *testing.T) {
 			require.Len(t, got.slots.Held(), 1)
 			require.NoError(t, got.slots.Release(ctx))
 
-			_, err = runlease.ClaimSlotsWait(ctx, s, "bad", gpu)
+			sl, err := runlease.ClaimSlotsWait(ctx, s, "bad", gpu)
+			require.NoError(t, err, "nor its own run")
+			require.NoError(t, sl.Release(ctx))
+
+			const badPlace = "runplace:3:gpu:bad2"
+			put(t, s, badPlace, `{"waiter":`)
+			_, err = runlease.ClaimSlotsWait(ctx, s, "bad2", gpu)
 			var corrupt *runlease.CorruptRowError
 			require.ErrorAs(t, err, &corrupt)
-			assert.Equal(t, bad, corrupt.Key)
+			assert.Equal(t, badPlace, corrupt.Key)
+			assert.Equal(t, `{"waiter":`, get(t, s, badPlace), "the corrupt place is never written over")
 			_, err = runlease.Queues(ctx, s)
 			require.ErrorAs(t, err, &corrupt)
 			assert.Equal(t, bad, corrupt.Key)
 			assert.Equal(t, `{"run":`, get(t, s, bad), "the corrupt entry is never written over")
 		})
 	}
+}
+
+// TestAnEntryAtAKeyThatIsNotItsRankHoldsNoPlace: the line's order is its
+// keys' order, so an entry whose key is not where its fields rank it (a
+// row written by hand, or damaged) could jump the line: it does not parse,
+// and holds no place.
+func TestAnEntryAtAKeyThatIsNotItsRankHoldsNoPlace(t *testing.T) {
+	t.Parallel()
+	ctx, s := t.Context(), newSQLite(t)
+	now := time.Now()
+	e := plantedEntry{Run: "jumper", Waiter: "w1", Seq: 1, Tag: 5_000_000, EnqMS: now.UnixMilli(),
+		UntilMS: now.Add(time.Hour).UnixMilli(), Scopes: []string{"gpu"}}
+	moved := e
+	moved.Tag = 0 // the key says tag 0, the entry 5,000,000
+	put(t, s, moved.key("gpu"), e.json())
+
+	sl, err := runlease.ClaimSlots(ctx, s, "r1", []runlease.Scope{runlease.NamedScope("gpu", 1)})
+	require.NoError(t, err, "the misplaced entry reserves nothing")
+	require.NoError(t, sl.Release(ctx))
+	_, err = runlease.Queues(ctx, s)
+	var corrupt *runlease.CorruptRowError
+	require.ErrorAs(t, err, &corrupt)
+	assert.Equal(t, moved.key("gpu"), corrupt.Key)
+	assert.Equal(t, e.json(), get(t, s, moved.key("gpu")), "and is never written over")
 }
 
 // TestACorruptFairShareMarkIsLeftAsItIs: a principal's mark that does not

@@ -186,10 +186,12 @@ func TestClaimCostDoesNotGrowWithTheLimit(t *testing.T) {
 				if batched {
 					store = cb
 				}
-				// The slot rows, the queue and the fair-share marks are
-				// read in one call on a store that scans many prefixes at
-				// once; otherwise the slots and the queue in two, and the
-				// marks only when someone waits.
+				// The slot rows, the head of the scope's line, and the
+				// claim's mark and first rows at its priority are read in
+				// one call on a store that reads ranges (CountingBatcher
+				// passes MetaRanges through); otherwise the slots and the
+				// head in two scans, and the mark and priority rows only
+				// when the head holds a live waiter (nobody waits here).
 				scans := int64(2)
 				if batched {
 					scans = 1

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -27,7 +28,8 @@ func queuedDB(t *testing.T) string {
 	now := time.Now().UnixMilli()
 	entry := `{"run":"heavy","waiter":"w1","fence":0,"seq":1,"principal":"team-a","weight":2,"priority":1,"units":2,"tag":0,"enq_ms":` +
 		strconv.FormatInt(now-5000, 10) + `,"until_ms":` + strconv.FormatInt(now+600_000, 10) + `,"scopes":["gpu"]}`
-	ok, err := s.MetaCAS(ctx, runlease.QueuePrefix+"3:gpu:heavy", nil, entry)
+	key := fmt.Sprintf("%s3:gpu:%07d.%019d.%016d:heavy", runlease.QueuePrefix, runlease.MaxPriority-1, 0, now-5000)
+	ok, err := s.MetaCAS(ctx, key, nil, entry)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, s.Close())

@@ -16,12 +16,16 @@ import (
 // so each adds a millisecond.
 const leftSlack = 50 * time.Millisecond
 
-// entry is a queue row as the store holds it (README "Queue entries").
+// entry is a line row as the store holds it (README "Queue entries"): a
+// waiter's entry at runline:<n>:<scope>:<rank>:<run id>, or a legacy entry
+// of an earlier version at runqueue:<n>:<scope>:<run id>.
 type entry struct {
 	Key       string `json:"-"`
 	Run       string `json:"run"`
 	Waiter    string `json:"waiter"`
+	Fence     uint64 `json:"fence"`
 	Principal string `json:"principal"`
+	Weight    int    `json:"weight"`
 	Priority  int    `json:"priority"`
 	Units     int    `json:"units"`
 	Tag       int64  `json:"tag"`
@@ -30,6 +34,11 @@ type entry struct {
 }
 
 func (e entry) live(now time.Time) bool { return e.UntilMS > now.UnixMilli() }
+
+// liveAll reports whether e has been live at every reading of the store's
+// clock up to hi, the latest: a store clock that stepped back may show an
+// expired entry live again, which no one then reads as holding a place.
+func (e entry) liveAll(hi time.Time) bool { return e.UntilMS > hi.UnixMilli() }
 
 // before is the README's order: higher priority, then the smaller
 // fair-share tag, then the earlier enqueue, then the run id.
@@ -45,31 +54,76 @@ func (e entry) before(f entry) bool {
 	return e.Run < f.Run
 }
 
-// queueScope returns the scope of a queue key, runqueue:<n>:<scope>:<run>.
-func queueScope(key string) (string, bool) {
-	rest, ok := strings.CutPrefix(key, runlease.QueuePrefix)
+// Widths of the rank in a line key (README "Queue entries"): MaxPriority
+// less the priority, the tag and the enqueue time, zero-padded.
+const (
+	rankPrioDigits = 7
+	rankTagDigits  = 19
+	rankEnqDigits  = 16
+	rankLen        = rankPrioDigits + 1 + rankTagDigits + 1 + rankEnqDigits + 1
+)
+
+func scopeSeg(scope string) string { return strconv.Itoa(len(scope)) + ":" + scope }
+
+// linePrefix starts the entries of scope's line.
+func linePrefix(scope string) string { return runlease.QueuePrefix + scopeSeg(scope) + ":" }
+
+// lineKey is where e's entry of scope must be for it to hold a place: the
+// key whose byte order is the README's order. It is written here from the
+// README, not taken from the library, so that a library that writes an
+// entry elsewhere is caught.
+func lineKey(scope string, e entry) string {
+	return fmt.Sprintf("%s%0*d.%0*d.%0*d:%s", linePrefix(scope), rankPrioDigits, runlease.MaxPriority-e.Priority,
+		rankTagDigits, e.Tag, rankEnqDigits, e.EnqMS, e.Run)
+}
+
+func placeKey(scope, run string) string { return runlease.PlacePrefix + scopeSeg(scope) + ":" + run }
+func legacyKey(scope, run string) string {
+	return runlease.LegacyQueuePrefix + scopeSeg(scope) + ":" + run
+}
+func markKey(scope, principal string) string {
+	return runlease.FairPrefix + scopeSeg(scope) + ":" + principal
+}
+
+// cutScope cuts prefix and <n>:<scope>: from key.
+func cutScope(key, prefix string) (scope, rest string, ok bool) {
+	rest, ok = strings.CutPrefix(key, prefix)
 	digits, rest, ok2 := strings.Cut(rest, ":")
 	n, err := strconv.Atoi(digits)
-	if !ok || !ok2 || err != nil || n <= 0 || n >= len(rest) {
+	if !ok || !ok2 || err != nil || n <= 0 || n >= len(rest) || rest[n] != ':' {
+		return "", "", false
+	}
+	return rest[:n], rest[n+1:], true
+}
+
+// queueScope returns the scope of a line key, runline:<n>:<scope>:<rank>:<run>.
+func queueScope(key string) (string, bool) {
+	scope, rest, ok := cutScope(key, runlease.QueuePrefix)
+	if !ok || len(rest) <= rankLen || rest[rankLen-1] != ':' {
 		return "", false
 	}
-	return rest[:n], true
+	return scope, true
 }
 
-func queuePrefix(scope string) string {
-	return runlease.QueuePrefix + strconv.Itoa(len(scope)) + ":" + scope + ":"
+// lineEntry decodes the line row r of scope: an entry that holds a place
+// (its key is where its fields rank it), or ok false.
+func lineEntry(r runlease.Row, scope string) (entry, bool) {
+	var e entry
+	if sc, ok := queueScope(r.Key); !ok || sc != scope || json.Unmarshal([]byte(r.Value), &e) != nil || e.Run == "" || lineKey(scope, e) != r.Key {
+		return e, false
+	}
+	e.Key = r.Key
+	return e, true
 }
 
-// liveEntries returns the live entries of a scope's queue at now.
+// liveEntries returns the entries of a scope's line that hold a place and
+// are live at now.
 func liveEntries(rows []runlease.Row, scope string, now time.Time) []entry {
 	var out []entry
 	for _, r := range rows {
-		var e entry
-		if sc, ok := queueScope(r.Key); !ok || sc != scope || json.Unmarshal([]byte(r.Value), &e) != nil || !e.live(now) {
-			continue
+		if e, ok := lineEntry(r, scope); ok && e.live(now) {
+			out = append(out, e)
 		}
-		e.Key = r.Key
-		out = append(out, e)
 	}
 	return out
 }
@@ -89,12 +143,15 @@ func (p placed) holds(e entry) bool {
 	return p.waiter == e.Waiter && p.tag == e.Tag && p.enqMS == e.EnqMS
 }
 
-// entryPlaced records when the entry written at key took its place. w.mu
-// is held.
-func (w *World) entryPlaced(key, value string) {
+// entryPlaced records when the entry written at key took its place, and
+// which operation its waiter is. w.mu is held.
+func (w *World) entryPlaced(key, value string, opID int) {
 	var e entry
 	if json.Unmarshal([]byte(value), &e) != nil {
 		return
+	}
+	if _, ok := w.waiterOp[e.Waiter]; !ok && opID > 0 && e.Waiter != "" {
+		w.waiterOp[e.Waiter] = opID
 	}
 	if p, ok := w.places[key]; ok && p.holds(e) {
 		return
@@ -114,11 +171,11 @@ func (w *World) entryPlaced(key, value string) {
 func (w *World) planned(opID int, scope string, now, storeNow time.Time) (at, storeAt time.Time) {
 	at, storeAt = now, storeNow
 	var queueAt, queueStoreAt time.Time
-	qp := queuePrefix(scope)
+	qp := linePrefix(scope)
 	for _, c := range w.store.logs[opID] {
-		if (c.op == "MetaScan" || c.op == "MetaGet") && (c.outcome == OK || c.outcome == Slow) {
+		if c.isRead() && (c.outcome == OK || c.outcome == Slow) {
 			at = c.at
-			if c.key == qp {
+			if c.reads(qp) {
 				queueAt, queueStoreAt = c.at, c.storeAt
 			}
 		}
@@ -127,6 +184,33 @@ func (w *World) planned(opID int, scope string, now, storeNow time.Time) (at, st
 		return queueAt, queueStoreAt
 	}
 	return at, storeAt
+}
+
+// rankRead returns an instant no later than the read of scope's line that
+// an operation's admission was planned on (zero: none known). A waiter
+// with a place reads the line, on its own or through a scan its process's
+// waiters share, only after it wrote that place: when it took it bounds
+// the read. One without reads the line itself, in its own reads after its
+// last write: the first of them that read the line from its first row
+// bounds it (later ones read on past the head). The store's mutex is held.
+func (w *World) rankRead(opID int, scope string, mine *entry) time.Time {
+	if mine != nil {
+		w.mu.Lock()
+		p, ok := w.places[mine.Key]
+		w.mu.Unlock()
+		if !ok || !p.holds(*mine) {
+			return time.Time{}
+		}
+		return p.at
+	}
+	var first time.Time
+	logs := w.store.logs[opID]
+	for i := len(logs) - 1; i >= 0 && logs[i].isRead(); i-- {
+		if logs[i].reads(linePrefix(scope)) {
+			first = logs[i].at
+		}
+	}
+	return first
 }
 
 func (w *World) limitOf(scope string) int {
@@ -138,21 +222,29 @@ func (w *World) limitOf(scope string) int {
 	return 0
 }
 
-// batching is the queue-order check, judged on a
-// batch of a claim or a wait whose conditions hold, before it applies:
-// within a principal and a priority, no run takes units while a live entry
-// ranked ahead of it (as the store shows the entries: ahead of its own
-// entry, or of every entry when it has none), placed before the claim
-// read the store, still needs units that the free ones do not fit beside
-// its own (README: "one behind is admitted first only when the free units
-// fit both"). The store's mutex is held.
-func (w *World) batching(ops []runlease.Op, at time.Time, opID int, took time.Duration) {
+// batching judges a batch of a claim or a wait whose conditions hold,
+// before it applies: the order of the queue (queue-order), the run's
+// legacy entry (legacy-overtaken) and the fair share (fair-share). The
+// store's mutex is held.
+//
+// queue-order: no run takes units while live entries ranked ahead of it,
+// placed before the claim read the store, still need units that the free
+// ones do not fit beside its own (README: "one behind is admitted first
+// only when the free units fit both"; a waiter ahead reserves what it
+// needs). Ranked ahead of it are, as the store shows the entries: within
+// its principal and priority, those ahead of its own entry, or every one
+// when it has none (FIFO); at a higher priority, every one (strict
+// priority); and when it has an entry, every entry ahead of that one in
+// the README's order (the fair share: the tags are in the keys).
+func (w *World) batching(conds []runlease.Cond, ops []runlease.Op, at time.Time, opID int, took time.Duration) {
 	w.mu.Lock()
 	rk, ok := w.ranks[opID]
+	hi := later(w.hi, at)
 	w.mu.Unlock()
 	if !ok {
 		return
 	}
+	w.checkLegacy(conds, rk, opID, hi)
 	units := map[string]int{}
 	run := ""
 	var dead []string
@@ -192,56 +284,119 @@ func (w *World) batching(ops []runlease.Op, at time.Time, opID int, took time.Du
 				}
 			}
 		}
-		queue := liveEntries(w.store.scanLocked(queuePrefix(scope)), scope, at)
+		queue := liveEntries(w.store.scanLocked(linePrefix(scope)), scope, at)
 		var mine *entry
+		w.mu.Lock()
 		for i := range queue {
-			if queue[i].Run == run {
+			if queue[i].Run == run && w.waiterOp[queue[i].Waiter] == opID {
 				mine = &queue[i]
 			}
 		}
-		plan, planStore := w.planned(opID, scope, time.Now(), at)
-		for _, e := range queue {
-			if e.Run == run || e.Principal != rk.principal || e.Priority != rk.priority || (mine != nil && !e.before(*mine)) {
-				continue
-			}
-			if !e.live(planStore) {
-				// It had lapsed when the claim read the queue, by the
-				// clock that judges expiry, and lost its place; live
-				// again now only because that clock stepped back.
-				continue
-			}
-			// Only an entry placed before the claim read the store ranks
-			// it behind: two that overlap are in no promised order.
-			w.mu.Lock()
-			p, ok := w.places[e.Key]
-			w.mu.Unlock()
-			if !ok || !p.holds(e) || !p.at.Before(plan) {
-				continue
-			}
-			need := max(e.Units-holders[e.Run], 0)
-			if limit := w.limitOf(scope); used+u+need > limit {
-				w.violate("queue-order", fmt.Sprintf("%s|%s|%s", run, e.Run, scope),
-					"#%d admitted %s to %d unit(s) of %s (limit %d, %d held by others) ahead of %s, queued earlier by the same principal %q at priority %d, which still needs %d (entry of %s: %v)",
-					opID, run, u, scope, limit, used, e.Run, rk.principal, rk.priority, need, run, mine != nil)
-			}
+		w.mu.Unlock()
+		if w.mode.Queue != nil && w.mode.Queue.Fair {
+			w.fairAdmission(scope, run, rk, queue)
 		}
+		plan, planStore := w.planned(opID, scope, time.Now(), at)
+		read := w.rankRead(opID, scope, mine)
+		need := 0
+		var ahead []string
+		for _, e := range queue {
+			if e.Run == run {
+				continue
+			}
+			var kind string
+			switch {
+			case e.Principal == rk.principal && e.Priority == rk.priority && (mine == nil || e.before(*mine)):
+				// It had lapsed when the claim read the queue, by the
+				// clock that judges expiry, and lost its place, if it is
+				// not live by the store's clock then: live again now only
+				// because that clock stepped back.
+				if !e.live(planStore) || !w.placedBefore(e, plan) {
+					continue
+				}
+				kind = "queued earlier by the same principal"
+			case e.Priority > rk.priority || (mine != nil && e.before(*mine)):
+				// Live at every reading of the store's clock so far, so
+				// live when the claim read it; placed before that read.
+				if read.IsZero() || !e.liveAll(hi) || !w.placedBefore(e, read) {
+					continue
+				}
+				kind = "ranked ahead"
+				if e.Priority > rk.priority {
+					kind = "at a higher priority"
+				}
+			default:
+				continue
+			}
+			n := max(e.Units-holders[e.Run], 0)
+			need += n
+			ahead = append(ahead, fmt.Sprintf("%s (%s, principal %q, priority %d, tag %d, needs %d)", e.Run, kind, e.Principal, e.Priority, e.Tag, n))
+		}
+		if limit := w.limitOf(scope); len(ahead) > 0 && used+u+need > limit {
+			w.violate("queue-order", fmt.Sprintf("%s|%s", run, scope),
+				"#%d admitted %s (principal %q, priority %d, own entry %v) to %d unit(s) of %s (limit %d, %d held by others) ahead of live entries placed before its read, which still need %d: %s",
+				opID, run, rk.principal, rk.priority, mine != nil, u, scope, limit, used, need, strings.Join(ahead, "; "))
+		}
+	}
+}
+
+// placedBefore reports whether e took the place it holds before t. The
+// store's mutex is held.
+func (w *World) placedBefore(e entry, t time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p, ok := w.places[e.Key]
+	return ok && p.holds(e) && p.at.Before(t)
+}
+
+// checkLegacy: a waiter that takes a place, or is admitted without
+// waiting, conditions its batch on its run's legacy entry as it read it
+// (README "Upgrading from the scanned queue"); a live one of another
+// waiter, of the waiter's fence or a newer one, is a wait of the run in
+// an earlier version, and the call fails with ErrAlreadyQueued instead:
+// it is never admitted nor queued beside it, nor deletes it. A batch that
+// holds a condition on such an entry, live at every reading of the store's
+// clock so far (so when it was read), breaks that. The store's mutex is
+// held.
+func (w *World) checkLegacy(conds []runlease.Cond, rk claimRank, opID int, hi time.Time) {
+	for _, c := range conds {
+		if c.Value == nil || !strings.HasPrefix(c.Key, runlease.LegacyQueuePrefix) {
+			continue
+		}
+		var e entry
+		if json.Unmarshal([]byte(*c.Value), &e) != nil || !e.liveAll(hi) || e.Fence < rk.fence {
+			continue
+		}
+		w.mu.Lock()
+		mine := w.waiterOp[e.Waiter] == opID
+		w.mu.Unlock()
+		if mine {
+			continue
+		}
+		w.violate("legacy-overtaken", fmt.Sprintf("op%d|%s", opID, c.Key),
+			"#%d (fence %d) wrote a batch conditional on the live legacy entry %s of another waiter at fence %d: %s",
+			opID, rk.fence, c.Key, e.Fence, *c.Value)
 	}
 }
 
 // queueWritten records the store clock's high-water mark and checks that
 // no wait writes an entry, a mark or a slot once it returned or its
-// process died. w.mu is held.
+// process died, and that no two live entries of one principal in a scope
+// share a tag (shared-tag). w.mu is held.
 func (w *World) queueWritten(key string, now *string, at time.Time, opID int) {
 	if at.After(w.hi) {
 		w.hi = at
 	}
 	if now != nil && strings.HasPrefix(key, runlease.QueuePrefix) {
-		w.entryPlaced(key, *now)
+		w.entryPlaced(key, *now, opID)
+		w.checkTags(key, *now)
 	}
 	if w.mode.Queue == nil || now == nil || opID <= 0 {
 		return
 	}
-	if !strings.HasPrefix(key, runlease.QueuePrefix) && !strings.HasPrefix(key, runlease.SlotPrefix) && !strings.HasPrefix(key, runlease.FairPrefix) {
+	if !strings.HasPrefix(key, runlease.QueuePrefix) && !strings.HasPrefix(key, runlease.SlotPrefix) &&
+		!strings.HasPrefix(key, runlease.FairPrefix) && !strings.HasPrefix(key, runlease.PlacePrefix) &&
+		!strings.HasPrefix(key, runlease.ClockPrefix) {
 		return
 	}
 	for _, r := range w.waits {
@@ -255,6 +410,39 @@ func (w *World) queueWritten(key string, now *string, at time.Time, opID int) {
 				w.mon.tracef("!! %s", v)
 			}
 		}
+	}
+}
+
+// checkTags: two runs of one principal never share a tag in a scope's
+// line (the mark moves by compare-and-swap with every place, so
+// overlapping enqueues of one principal get distinct tags): judged when
+// an entry is written, against the entries of the principal's other runs
+// live at every reading of the store's clock so far. w.mu and the store's
+// mutex are held.
+func (w *World) checkTags(key, value string) {
+	scope, ok := queueScope(key)
+	if !ok {
+		return
+	}
+	e, ok := lineEntry(runlease.Row{Key: key, Value: value}, scope)
+	if !ok || e.Principal == ghostPrincipal {
+		return
+	}
+	for _, r := range w.store.scanLocked(linePrefix(scope)) {
+		f, ok := lineEntry(r, scope)
+		if !ok || f.Run == e.Run || f.Principal != e.Principal || f.Tag != e.Tag || !f.liveAll(w.hi) {
+			continue
+		}
+		id := fmt.Sprintf("shared-tag|%s|%s|%s", scope, e.Run, f.Run)
+		if w.seen[id] {
+			continue
+		}
+		w.seen[id] = true
+		v := Violation{Check: "shared-tag", At: time.Since(w.start), Detail: fmt.Sprintf(
+			"entry %s of %s and the live entry %s of %s, both of principal %q in %s, share tag %d (%s; %s)",
+			key, e.Run, r.Key, f.Run, e.Principal, scope, e.Tag, value, r.Value)}
+		w.violations = append(w.violations, v)
+		w.mon.tracef("!! %s", v)
 	}
 }
 
@@ -280,8 +468,10 @@ func (w *World) observeQueue() {
 		}
 		rec.swept = true
 		for _, r := range entries {
+			// An entry is its waiter's, whoever renewed it last (renewals
+			// are batched across the waiters of a process).
 			var e entry
-			if w.opWriter[r.Key] == rec.o.id && json.Unmarshal([]byte(r.Value), &e) == nil && e.live(snow) {
+			if json.Unmarshal([]byte(r.Value), &e) == nil && w.waiterOp[e.Waiter] == rec.o.id && e.live(snow) {
 				left = append(left, fmt.Sprintf("wait-left-entry|op%d|entry %s %s", rec.o.id, r.Key, r.Value))
 			}
 		}
@@ -305,8 +495,58 @@ func (w *World) observeQueue() {
 		}
 		left = left[:0]
 	}
+	w.observeWaiters(entries)
 	if w.mode.Queue.Hold > 0 {
 		w.observeHeads(entries, snow)
+	}
+}
+
+// observeWaiters checks that a run waits once (README: a second call
+// waiting for the same run fails with ErrAlreadyQueued, and a newer
+// fence's takes the older one's place, its entry with it): no two calls of
+// one run, both still waiting, hold live entries in one scope at once,
+// judged by entries live at every reading of the store's clock so far.
+// w.mu is held.
+func (w *World) observeWaiters(rows []runlease.Row) {
+	inFlight := map[int]*waitRec{}
+	for _, rec := range w.waits {
+		if rec.o != nil && !rec.ended && !rec.dead {
+			inFlight[rec.o.id] = rec
+		}
+	}
+	waiters := map[string]map[int]string{} // scope|run → op → entry key
+	for _, r := range rows {
+		scope, ok := queueScope(r.Key)
+		if !ok {
+			continue
+		}
+		e, ok := lineEntry(r, scope)
+		if !ok || !e.liveAll(w.hi) {
+			continue
+		}
+		op := w.waiterOp[e.Waiter]
+		if inFlight[op] == nil {
+			continue
+		}
+		k := scope + "|" + e.Run
+		if waiters[k] == nil {
+			waiters[k] = map[int]string{}
+		}
+		waiters[k][op] = r.Key
+	}
+	for k, ops := range waiters {
+		if len(ops) < 2 {
+			continue
+		}
+		id := "run-waits-twice|" + k
+		if w.seen[id] {
+			continue
+		}
+		w.seen[id] = true
+		v := Violation{Check: "run-waits-twice", At: time.Since(w.start), Detail: fmt.Sprintf(
+			"two calls of one run wait at once, with live entries (scope|run %s; operation → entry %v)", k, ops)}
+		w.violations = append(w.violations, v)
+		w.mon.tracef("!! %s", v)
 	}
 }
 

@@ -53,6 +53,9 @@ type Mode struct {
 	// pointer, whose identity the process cannot know: its Leases then
 	// tell their rows apart by the rows alone (see lineage.go).
 	ByValue bool
+	// Ranges gives the library the store with ordered range reads
+	// (runlease.RangeReader), as the built-in stores have.
+	Ranges bool
 	// Queue makes drivers wait for slots in the admission queue (nil: they
 	// do not).
 	Queue *QueueSpec
@@ -64,6 +67,13 @@ type QueueSpec struct {
 	Priorities []int           // one is drawn for each wait
 	Deadlines  []time.Duration // a wait's context ends after one of them
 	Poll       time.Duration   // WithWaitPoll
+	// Fair checks the fair-share bound over the admissions (checks_fair.go):
+	// for a mode of one scope, one priority and claims of one unit, on a
+	// healthy store, with waits that are never cancelled.
+	Fair bool
+	// Twins makes a third of the bursts of waits (wait-burst) waits of one
+	// run.
+	Twins bool
 	// Hold, when set, makes every wait that is admitted hold its slots for
 	// up to Hold and then release them, within the same operation, and
 	// checks the README's bound for the waiter at the head of its queues.
@@ -261,11 +271,27 @@ func init() {
 		Queue: &QueueSpec{Principals: []Principal{{"", 0}, {"a", 1}, {"b", 2}, {"a", 1}},
 			Priorities: []int{0, 0, 0, 1, -1}, Poll: 300 * time.Millisecond,
 			Deadlines: []time.Duration{400 * time.Millisecond, 2 * time.Second, 6 * time.Second, 15 * time.Second}}})
-	addMode(Mode{Name: "queue-bound", Doc: "a healthy store where every admitted waiter releases within 1.5 s: the waiter at the head of its queues is admitted within the README's bound while others keep arriving",
-		Actors: 6, Runs: 1, Steps: 140, Ops: map[string]float64{"wait": 1}, Weather: []Weather{healthy},
+	addMode(Mode{Name: "queue-bound", Doc: "a healthy store with range reads where every admitted waiter releases within 1.5 s: the waiter at the head of its queues is admitted within the README's bound while others keep arriving, some of one principal at once, behind entries of dead waiters and beside legacy entries",
+		Actors: 6, Runs: 1, Steps: 140, Ops: map[string]float64{"wait": 1, "wait-burst": 0.4, "plant-ghosts": 0.1, "plant-legacy": 0.1},
+		Weather: []Weather{healthy}, Ranges: true,
 		Scopes: []ScopeSpec{{Name: "gpu", Limit: 3}, {Name: "mem", Limit: 2}},
 		Queue: &QueueSpec{Principals: []Principal{{"", 0}, {"a", 1}, {"b", 3}}, Priorities: []int{0},
 			Poll: 300 * time.Millisecond, Hold: 1500 * time.Millisecond, Deadlines: []time.Duration{30 * time.Second}}})
+	addMode(Mode{Name: "queue-line", Doc: "long lines on a store with range reads: ten drivers, small limits, overlapping enqueues of one principal, entries of dead waiters at the head (expired, more than the limit plus one, ahead of many), legacy entries, stalls, faults and clock steps",
+		Actors: 10, Runs: 3, Steps: 160, WeatherP: 0.05, Yield: 0.2, Ranges: true,
+		Ops:        withOps(queueOps, map[string]float64{"wait-burst": 2.5, "plant-ghosts": 0.8, "plant-legacy": 1, "claim": -0.3}),
+		Scopes:     []ScopeSpec{{Name: "gpu", Limit: 2}, {Name: "mem", Limit: 1}},
+		Weather:    []Weather{healthy, flaky, stalling, lossy},
+		ClockP:     0.015,
+		ClockSteps: []time.Duration{-2 * time.Second, -300 * time.Millisecond, 200 * time.Millisecond, 6 * time.Second},
+		Queue: &QueueSpec{Principals: []Principal{{"", 0}, {"a", 1}, {"b", 2}, {"a", 1}},
+			Priorities: []int{0, 0, 1, -1}, Poll: 300 * time.Millisecond, Twins: true,
+			Deadlines: []time.Duration{400 * time.Millisecond, 3 * time.Second, 10 * time.Second, 20 * time.Second}}})
+	addMode(Mode{Name: "queue-fair", Doc: "the fair share on a healthy store with range reads: one scope of limit 1, two principals of weights 1 and 2 (or 3) whose waiters enqueue several at once, every admitted waiter releasing within 0.8 s",
+		Actors: 8, Runs: 1, Steps: 200, Ops: map[string]float64{"wait": 1, "wait-burst": 2}, Weather: []Weather{healthy}, Ranges: true, Yield: 0.2,
+		Scopes: []ScopeSpec{{Name: "gpu", Limit: 1}},
+		Queue: &QueueSpec{Principals: []Principal{{"a", 1}, {"b", 2}}, Priorities: []int{0}, Fair: true,
+			Poll: 300 * time.Millisecond, Hold: 800 * time.Millisecond, Deadlines: []time.Duration{60 * time.Second}}})
 	addMode(Mode{Name: "clock", Doc: "store clock steps forward and back (a step forward past the margin is a fault the keeper cannot see)",
 		Ops: leaseOps, Shared: 1, ClockP: 0.05,
 		ClockSteps: []time.Duration{-2 * time.Second, -300 * time.Millisecond, 200 * time.Millisecond, 3 * time.Second}})

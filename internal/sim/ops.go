@@ -24,7 +24,7 @@ const (
 var structural = map[string]bool{
 	"acquire": true, "acquire-twice": true, "acquire-wait": true, "release": true, "keep": true, "keep-shared": true,
 	"stop": true, "keeper-release": true, "abandon": true, "close-renewer": true, "claim": true,
-	"slots-release": true, "reenter": true, "release-kept": true, "wait": true, "wait-lease": true,
+	"slots-release": true, "reenter": true, "release-kept": true, "wait": true, "wait-lease": true, "wait-burst": true,
 }
 
 // pruneAges are the olderThan arguments the prune operation passes.
@@ -116,6 +116,9 @@ func (w *World) validOps(a *actor) []string {
 		add("wait-lease", held && a.slots == nil && a.wait == nil)
 		add("cancel-wait", waitInFlight(a) != nil)
 		add("abandon-wait", waitInFlight(a) != nil)
+		add("wait-burst", a.slots == nil && a.wait == nil)
+		add("plant-legacy", true)
+		add("plant-ghosts", true)
 	}
 	return out
 }
@@ -426,6 +429,12 @@ func (w *World) begin(a *actor, kind string) {
 		w.beginClaim(a, run)
 	case "wait", "wait-lease":
 		w.beginWait(a, kind, l, run, fence, epoch)
+	case "wait-burst":
+		w.beginBurst(a)
+	case "plant-legacy":
+		w.plantLegacy(a)
+	case "plant-ghosts":
+		w.plantGhosts(a)
 	case "cancel-wait":
 		w.beginCancelWait(a)
 	case "abandon-wait":

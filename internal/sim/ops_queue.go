@@ -40,6 +40,7 @@ type waitRec struct {
 type claimRank struct {
 	principal string
 	priority  int
+	fence     uint64 // a wait's fence: its lease's, or 0 when unfenced
 }
 
 // drawScopes draws a non-empty set of the mode's scopes, a third of them
@@ -72,6 +73,19 @@ func specsText(specs []ScopeSpec) string {
 // own, or through a's lease for the lease's run. In a mode with a hold
 // time, an admitted wait holds its slots for a while, then releases them.
 func (w *World) beginWait(a *actor, kind string, l Lease, run string, fence uint64, epoch int) {
+	w.beginWaitAs(a, kind, l, run, fence, epoch, nil)
+}
+
+// waitRank is the principal and priority of a wait the schedule chose.
+type waitRank struct {
+	p    Principal
+	prio int
+	run  string // an unfenced wait's run id, when the schedule chose it
+}
+
+// beginWaitAs is beginWait with the principal and priority of as, when
+// not nil, rather than drawn.
+func (w *World) beginWaitAs(a *actor, kind string, l Lease, run string, fence uint64, epoch int, as *waitRank) {
 	q := w.mode.Queue
 	fenced := kind == "wait-lease"
 	if fenced {
@@ -84,12 +98,20 @@ func (w *World) beginWait(a *actor, kind string, l Lease, run string, fence uint
 		w.mu.Lock()
 		run = fmt.Sprintf("q%d.%d", a.id, len(w.waits))
 		w.mu.Unlock()
-		l = nil
+		if as != nil && as.run != "" {
+			run = as.run
+		}
+		l, fence = nil, 0
 	}
 	specs := w.drawScopes()
-	p := q.Principals[w.rng.IntN(len(q.Principals))]
-	spec := WaitSpec{TTL: w.mode.TTL, Priority: q.Priorities[w.rng.IntN(len(q.Priorities))],
-		Principal: p.Name, Weight: p.Weight, Poll: q.Poll}
+	if as == nil {
+		// Drawn in this order, so that the schedules of a seed stay as
+		// they were.
+		p := q.Principals[w.rng.IntN(len(q.Principals))]
+		as = &waitRank{p: p, prio: q.Priorities[w.rng.IntN(len(q.Priorities))]}
+	}
+	p := as.p
+	spec := WaitSpec{TTL: w.mode.TTL, Priority: as.prio, Principal: p.Name, Weight: p.Weight, Poll: q.Poll}
 	d := q.Deadlines[w.rng.IntN(len(q.Deadlines))]
 	var hold time.Duration
 	if q.Hold > 0 {
@@ -109,7 +131,7 @@ func (w *World) beginWait(a *actor, kind string, l Lease, run string, fence uint
 		defer cancel()
 		w.mu.Lock()
 		rec.o, rec.ctx, rec.cancel = o, ctx, cancel
-		w.ranks[o.id] = claimRank{principal: p.Name, priority: spec.Priority}
+		w.ranks[o.id] = claimRank{principal: p.Name, priority: spec.Priority, fence: fence}
 		w.mu.Unlock()
 		s, err := w.api.ClaimSlotsWait(ctx, w.lib(), l, run, specs, spec)
 		w.waitReturned(rec, s, err)
@@ -283,10 +305,13 @@ func (w *World) checkPlaceLeft(rec *waitRec, snow time.Time, err error) {
 	}
 	for _, r := range w.store.Scan(runlease.QueuePrefix) {
 		var e entry
+		if json.Unmarshal([]byte(r.Value), &e) != nil {
+			continue
+		}
 		w.mu.Lock()
-		mine := w.opWriter[r.Key] == rec.o.id
+		mine := w.waiterOp[e.Waiter] == rec.o.id
 		w.mu.Unlock()
-		if mine && json.Unmarshal([]byte(r.Value), &e) == nil && e.live(snow) {
+		if mine && e.live(snow) {
 			w.violate("wait-kept-place", fmt.Sprintf("op%d", rec.o.id),
 				"ClaimSlotsWait #%d for %s returned %v with no fault of the store, and left its live entry %s",
 				rec.o.id, rec.run, errText(err), r.Key)

@@ -63,7 +63,7 @@ func Run(mode Mode, seed uint64, api API, mon *Monitor) *Report {
 		rng:  rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		seen: map[string]bool{}, lostAt: map[Lease]time.Time{}, slotLosses: map[string]bool{},
 		claims: map[string]*claimRec{}, userValues: map[string]bool{}, writer: map[string]*actor{}, writerGen: map[string]int{}, releasing: map[Lease]bool{}, fenceHolder: map[string]string{}, confirmed: map[Lease][]confirmation{},
-		opWriter: map[string]int{}, ranks: map[int]claimRank{}, places: map[string]placed{}, strictLost: map[*keeperRec]time.Time{}, epoch: map[string]int{}, leaseEpoch: map[Lease]int{}}
+		opWriter: map[string]int{}, ranks: map[int]claimRank{}, places: map[string]placed{}, waiterOp: map[string]int{}, strictLost: map[*keeperRec]time.Time{}, epoch: map[string]int{}, leaseEpoch: map[Lease]int{}}
 	jitter := rand.New(rand.NewPCG(seed^0x5851f42d4c957f2d, seed))
 	var jitterMu sync.Mutex
 	api.SetJitter(func(n int64) int64 {

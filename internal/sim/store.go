@@ -17,7 +17,7 @@ type watcher interface {
 	applied(key string, old *string, now *string, at time.Time, op int)
 	// batching is told of a batch whose conditions hold, before its
 	// writes apply, and how long ago it was sent.
-	batching(ops []runlease.Op, at time.Time, op int, took time.Duration)
+	batching(conds []runlease.Cond, ops []runlease.Op, at time.Time, op int, took time.Duration)
 	// acked is told of a write that applied and whose success reached the
 	// caller: the call was sent at sent and returned at at.
 	acked(key, value string, sent, at time.Time)
@@ -40,8 +40,9 @@ type callRecord struct {
 	key     string
 	outcome Outcome
 	applied bool
-	ctxCut  bool            // the call ended because its context did
-	conds   []runlease.Cond // a batch's conditions
+	ctxCut  bool             // the call ended because its context did
+	conds   []runlease.Cond  // a batch's conditions
+	ranges  []runlease.Range // a MetaRanges call's ranges
 	// expected is a MetaCAS's expected value; read and found are what a
 	// MetaGet that succeeded returned.
 	expected *string
@@ -131,9 +132,9 @@ func (s *Store) detach() {
 // detached is the watcher of a store whose schedule is over.
 type detached struct{}
 
-func (detached) applied(string, *string, *string, time.Time, int)      {}
-func (detached) batching([]runlease.Op, time.Time, int, time.Duration) {}
-func (detached) acked(string, string, time.Time, time.Time)            {}
+func (detached) applied(string, *string, *string, time.Time, int)                       {}
+func (detached) batching([]runlease.Cond, []runlease.Op, time.Time, int, time.Duration) {}
+func (detached) acked(string, string, time.Time, time.Time)                             {}
 
 // ClockNow is the store's clock: the bubble's clock plus the steps taken.
 func (s *Store) ClockNow() (time.Time, time.Duration) {
@@ -443,6 +444,79 @@ func (s *Store) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, er
 	return rows, nil
 }
 
+// metaRanges is MetaRanges (runlease.RangeReader), which only rangeStore
+// offers: one call, with one outcome, for every range, each read at the
+// instant the call applies.
+func (s *Store) metaRanges(ctx context.Context, ranges []runlease.Range) ([][]runlease.Row, error) {
+	if err := runlease.CheckRanges(ranges); err != nil {
+		return nil, err
+	}
+	key := ""
+	if len(ranges) > 0 {
+		key = ranges[0].Prefix
+	}
+	o, err := s.begin(ctx, "MetaRanges", key, Read)
+	if err != nil {
+		return nil, err
+	}
+	if o != OK && o != Fail && o != Slow && o != Stall {
+		o = Hang
+	}
+	out := make([][]runlease.Row, len(ranges))
+	_, err = s.finishRec(ctx, callRecord{op: "MetaRanges", key: key, outcome: o, ranges: ranges}, nil, func() bool {
+		for i, r := range ranges {
+			rows := s.scanLocked(r.Prefix)
+			if r.After != "" {
+				j := sort.Search(len(rows), func(j int) bool { return rows[j].Key > r.After })
+				rows = rows[j:]
+			}
+			if r.Limit > 0 && len(rows) > r.Limit {
+				rows = rows[:r.Limit]
+			}
+			out[i] = rows
+		}
+		return true
+	})
+	if err != nil {
+		return nil, notApplied(err)
+	}
+	return out, nil
+}
+
+// rangeStore is the Store with ordered range reads (runlease.RangeReader),
+// as the built-in stores have: a claim then reads the head of a line, not
+// the whole of it.
+type rangeStore struct{ *Store }
+
+// MetaRanges implements runlease.RangeReader.
+func (r rangeStore) MetaRanges(ctx context.Context, ranges []runlease.Range) ([][]runlease.Row, error) {
+	return r.metaRanges(ctx, ranges)
+}
+
+// reads reports whether c is a read that returned rows under prefix from
+// their first (a scan of it, or a range of it with no After).
+func (c callRecord) reads(prefix string) bool {
+	if c.outcome != OK && c.outcome != Slow {
+		return false
+	}
+	switch c.op {
+	case "MetaScan":
+		return c.key == prefix
+	case "MetaRanges":
+		for _, r := range c.ranges {
+			if r.Prefix == prefix && r.After == "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// isRead reports whether c is a read call.
+func (c callRecord) isRead() bool {
+	return c.op == "MetaScan" || c.op == "MetaGet" || c.op == "MetaRanges"
+}
+
 // notApplied marks a failed read as certainly not applied.
 func notApplied(err error) error {
 	if se, ok := err.(*runlease.StorageError); ok {
@@ -525,7 +599,7 @@ func (s *Store) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runl
 				return false
 			}
 		}
-		s.watch.batching(ops, s.nowLocked(), s.writer, time.Since(sent))
+		s.watch.batching(conds, ops, s.nowLocked(), s.writer, time.Since(sent))
 		for _, op := range ops {
 			if op.Delete {
 				s.putLocked(op.Key, nil)

@@ -150,6 +150,12 @@ type World struct {
 	ranks map[int]claimRank
 	// places holds, by queue key, when its entry took its place.
 	places map[string]placed
+	// waiterOp holds, by waiter id (an entry's "waiter"), the operation
+	// whose call first wrote an entry of that waiter: its own ClaimSlotsWait
+	// (renewals batched across waiters are sent with no operation's context).
+	waiterOp map[string]int
+	// fair is the record of admissions the fair-share check judges.
+	fair fairLog
 	// hi is the latest reading of the store's clock seen: no row written
 	// before now lives past hi plus the TTL, whatever steps the clock took.
 	hi time.Time
@@ -210,6 +216,8 @@ func (w *World) lib() runlease.Store {
 	switch {
 	case w.mode.Plain:
 		return plainStore{w.store}
+	case w.mode.Ranges:
+		return rangeStore{w.store}
 	case w.mode.ByValue:
 		return byValue{w.store}
 	}

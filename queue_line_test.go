@@ -1,0 +1,371 @@
+package runlease_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
+)
+
+// The line: the admission queue of a scope kept in key order, read by its
+// head (README, "The head, not the queue").
+
+// TestALongLineAdmitsInRankOrder: 2,000 waiters of one principal queue,
+// one after another, on a scope of limit 2 whose slots are held. The line
+// holds them in the order they queued (a principal's runs rank in queue
+// order), and once the slots free up they are admitted in that order:
+// when a run is admitted, at most one run ranked ahead of it (limit less
+// its unit) is not admitted yet, and never more than 2 runs hold the
+// scope at once. A plain claim behind them is refused with RUN-E022 while
+// they wait, whether the slots are held or not.
+func TestALongLineAdmitsInRankOrder(t *testing.T) {
+	if testing.Short() {
+		t.Skip("2,000 waiters")
+	}
+	t.Parallel()
+	const n, limit = 2000, 2
+	for _, st := range slotStores {
+		t.Run(st.name, func(t *testing.T) {
+			t.Parallel()
+			s := st.open(t)
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+			defer cancel()
+			scope := runlease.NamedScope("long", limit)
+			scopes := []runlease.Scope{scope}
+			held, err := runlease.ClaimSlots(ctx, s, "holder", []runlease.Scope{scope.Take(limit)})
+			require.NoError(t, err)
+
+			t0 := time.Now()
+			var holding, peak, admittedN atomic.Int64
+			var bad atomic.Value // the first order violation or error seen
+			keys := make([]string, n)
+			allQueued := make(chan struct{}) // keys is written
+			var wg sync.WaitGroup
+			defer func() { cancel(); wg.Wait() }()
+			errs := make(chan error, n)
+			for i := range n {
+				run := fmt.Sprintf("w%04d", i)
+				wg.Go(func() {
+					sl, err := runlease.ClaimSlotsWait(ctx, s, run, scopes, runlease.WithWaitPoll(time.Minute))
+					if err != nil {
+						errs <- fmt.Errorf("%s: %w", run, err)
+						return
+					}
+					h := holding.Add(1)
+					for p := peak.Load(); h > p && !peak.CompareAndSwap(p, h); p = peak.Load() {
+					}
+					// Every entry still in the line ranks behind this run
+					// but at most limit-1 of them: they are the first rows
+					// of the line, read by range. (Entries only leave, so
+					// what this read finds was true at the admission.)
+					<-allQueued
+					ahead, err := headAhead(ctx, s, "long", keys[i], limit+1)
+					if err != nil {
+						bad.CompareAndSwap(nil, err.Error())
+					} else if ahead > limit-1 {
+						bad.CompareAndSwap(nil, fmt.Sprintf("%s admitted with %d runs ranked ahead of it still waiting", run, ahead))
+					}
+					admittedN.Add(1)
+					holding.Add(-1) // stop counting before the release can let another in
+					errs <- sl.Release(context.WithoutCancel(ctx))
+				})
+				// The next run queues once this one holds its place: the
+				// queue order is known.
+				require.Eventually(t, func() bool {
+					v, found, err := s.MetaGet(ctx, placeKeyOf("long", run))
+					if err != nil || !found {
+						return false
+					}
+					keys[i] = lineKeyOfPlace(t, v)
+					return true
+				}, time.Minute, time.Millisecond, "%s never took its place", run)
+			}
+
+			close(allQueued)
+			t.Logf("queued in %v", time.Since(t0))
+			t0 = time.Now()
+			line := lineRows(t, s, "long")
+			require.Len(t, line, n)
+			for i, r := range line {
+				require.Equal(t, keys[i], r.Key, "the line holds the runs in the order they queued (%d)", i)
+			}
+			for i := 1; i < n; i++ {
+				require.Less(t, keys[i-1], keys[i])
+			}
+
+			plainBehind := func(why string) {
+				t.Helper()
+				_, err := runlease.ClaimSlots(ctx, s, "plain", scopes)
+				var limitErr *runlease.ConcurrencyLimitError
+				require.ErrorAs(t, err, &limitErr, why)
+				assert.Equal(t, "RUN-E022", runlease.Code(err))
+				assert.GreaterOrEqual(t, limitErr.Ahead, 1, why)
+			}
+			plainBehind("the slots are held and 2,000 wait")
+
+			require.NoError(t, held.Release(ctx))
+			require.Eventually(t, func() bool { return admittedN.Load() >= n/2 }, 4*time.Minute, time.Millisecond)
+			plainBehind("the slots free up and go to the line first")
+			t.Logf("half admitted in %v", time.Since(t0))
+			for range n {
+				require.NoError(t, <-errs)
+			}
+			t.Logf("all admitted in %v", time.Since(t0))
+			if v := bad.Load(); v != nil {
+				t.Fatal(v)
+			}
+			assert.LessOrEqual(t, peak.Load(), int64(limit), "more runs held the scope than its limit")
+			assert.Empty(t, lineRows(t, s, "long"), "every waiter left the line")
+		})
+	}
+}
+
+// headAhead counts the entries among the first rows of scope's line whose
+// keys sort before key (depth rows are read: enough to tell whether more
+// than depth-1 rank ahead).
+func headAhead(ctx context.Context, s runlease.Store, scope, key string, depth int) (int, error) {
+	rr, ok := s.(runlease.RangeReader)
+	if !ok {
+		return 0, fmt.Errorf("%T reads no ranges", s)
+	}
+	got, err := rr.MetaRanges(ctx, []runlease.Range{{Prefix: linePrefix(scope), Limit: depth}})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, r := range got[0] {
+		if r.Key < key {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// lineKeyOfPlace is the line key a place row names.
+func lineKeyOfPlace(t *testing.T, place string) string {
+	var p struct {
+		Key string `json:"key"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(place), &p))
+	return p.Key
+}
+
+// TestOverlappingEnqueuesOfOnePrincipalNeverShareATag: 8 runs of one
+// principal call ClaimSlotsWait at once on a full scope. Each place moves
+// the principal's mark by compare-and-swap in the batch that writes it, so
+// every run gets a tag of its own, and the principal's runs are ordered
+// among themselves and against other principals by fair share, however
+// their calls overlap. (Before, each enqueue read the mark and ranked from
+// it, and only admissions moved it: runs that queued together tied.)
+func TestOverlappingEnqueuesOfOnePrincipalNeverShareATag(t *testing.T) {
+	t.Parallel()
+	const n = 8
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		scopes := []runlease.Scope{runlease.NamedScope("busy", 1)}
+		_, err := runlease.ClaimSlots(ctx, s, "holder", scopes)
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		defer func() { cancel(); wg.Wait() }()
+		start := make(chan struct{})
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				_, err := runlease.ClaimSlotsWait(ctx, s, "a"+strconv.Itoa(i), scopes, runlease.WithFairShare("A", 1))
+				assert.ErrorIs(t, err, context.Canceled)
+			})
+		}
+		close(start)
+		awaitQueued(t, s, n)
+
+		tags := map[float64]string{}
+		for _, r := range lineRows(t, s, "busy") {
+			var e map[string]any
+			require.NoError(t, json.Unmarshal([]byte(r.Value), &e))
+			tag := e["tag"].(float64)
+			if other, dup := tags[tag]; dup {
+				t.Errorf("%s and %s share tag %v", other, e["run"], tag)
+			}
+			tags[tag] = e["run"].(string)
+		}
+		assert.Len(t, tags, n)
+		assert.Contains(t, get(t, s, "runfair:4:busy:A"), `{"finish":`+strconv.Itoa(n*1_000_000)+`,`,
+			"the mark is where the last of them finishes")
+		cancel()
+	})
+}
+
+// TestExpiredEntriesAtTheHeadHoldNobodyBack: entries whose waiters died
+// (until_ms in the past), three times the limit of them, lie at the head
+// of the line, ahead of every live waiter. They hold no place, and they
+// hide none: a claim reads past them to the live waiters behind, so a
+// plain claim is still refused for the sake of a waiter behind them, and
+// that waiter is admitted as soon as the slots it needs are free (woken by
+// the release, with a poll of an hour). No expired entry is written over.
+func TestExpiredEntriesAtTheHeadHoldNobodyBack(t *testing.T) {
+	t.Parallel()
+	const limit = 2
+	for _, st := range slotStores {
+		t.Run(st.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, s := t.Context(), st.open(t)
+			gpu := runlease.NamedScope("gpu", limit)
+			held, err := runlease.ClaimSlots(ctx, s, "holder", []runlease.Scope{gpu})
+			require.NoError(t, err)
+			now := time.Now()
+			dead := map[string]string{}
+			for i := range 3 * limit {
+				e := plantedEntry{Run: "dead" + strconv.Itoa(i), Waiter: "w" + strconv.Itoa(i), Seq: 1,
+					EnqMS: now.Add(-time.Hour).UnixMilli() + int64(i), UntilMS: now.Add(-time.Minute).UnixMilli(),
+					Scopes: []string{"gpu"}}
+				dead[e.key("gpu")] = plant(t, s, e)
+			}
+
+			// It needs both units; one is held.
+			res := waitInBackground(ctx, s, "live", []runlease.Scope{gpu.Take(limit)})
+			awaitWaiting(t, s, "live", res)
+			for k := range dead {
+				require.Less(t, k, lineRowOf(t, s, "gpu", "live").Key, "the expired entries are at the head")
+			}
+			_, err = runlease.ClaimSlots(ctx, s, "jumper", []runlease.Scope{gpu})
+			var limitErr *runlease.ConcurrencyLimitError
+			require.ErrorAs(t, err, &limitErr, "the free unit is the live waiter's, behind the expired entries")
+			assert.Equal(t, runlease.ConcurrencyLimitError{Scope: "gpu", Limit: limit, Units: 1, Held: 1, Ahead: 1, Reserved: limit}, *limitErr)
+
+			require.NoError(t, held.Release(ctx))
+			select {
+			case got := <-res:
+				require.NoError(t, got.err)
+				require.Len(t, got.slots.Held(), limit)
+			case <-time.After(20 * time.Second):
+				t.Fatal("the waiter behind the expired entries was not admitted when the slots freed")
+			}
+			for k, v := range dead {
+				if cur, found, err := s.MetaGet(ctx, k); assert.NoError(t, err) && found {
+					assert.Equal(t, v, cur, "an expired entry is taken out or left, never written over")
+				}
+			}
+		})
+	}
+}
+
+// rowCounter counts the calls of MetaRanges and the rows they return.
+type rowCounter struct {
+	runlease.Store
+	calls, rows atomic.Int64
+}
+
+func (c *rowCounter) MetaRanges(ctx context.Context, ranges []runlease.Range) ([][]runlease.Row, error) {
+	c.calls.Add(1)
+	got, err := c.Store.(runlease.RangeReader).MetaRanges(ctx, ranges)
+	for _, r := range got {
+		c.rows.Add(int64(len(r)))
+	}
+	return got, err
+}
+
+// TestAClaimReadsTheHeadOfTheLineOnly: behind a line of 1,000 live
+// entries, a plain claim is refused after one read that returns the slot
+// rows, the first limit+1 entries and the claim's own few rows, not the
+// line; and so is a waiter's first look.
+func TestAClaimReadsTheHeadOfTheLineOnly(t *testing.T) {
+	t.Parallel()
+	const n, limit = 1000, 2
+	for _, st := range slotStores {
+		t.Run(st.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, s := t.Context(), st.open(t)
+			now := time.Now()
+			var ops []runlease.Op
+			for i := range n {
+				e := plantedEntry{Run: fmt.Sprintf("q%04d", i), Waiter: "w" + strconv.Itoa(i), Seq: 1,
+					Tag: int64(i) * 1_000_000, EnqMS: now.UnixMilli(), UntilMS: now.Add(time.Hour).UnixMilli(),
+					Scopes: []string{"gpu"}}
+				ops = append(ops, runlease.Put(e.key("gpu"), e.json()))
+				if len(ops) == runlease.MaxBatch || i == n-1 {
+					ok, err := s.(runlease.Batcher).MetaBatch(ctx, nil, ops)
+					require.NoError(t, err)
+					require.True(t, ok)
+					ops = nil
+				}
+			}
+			// The principal's mark says its last run finishes after them
+			// all, as the places of its runs left it: a claim of it ranks
+			// behind the whole line.
+			put(t, s, runlease.FairPrefix+scopeSeg("gpu")+":", `{"finish":`+strconv.Itoa(n*1_000_000)+`,"until_ms":`+
+				strconv.FormatInt(now.Add(time.Hour).UnixMilli(), 10)+`}`)
+			scopes := []runlease.Scope{runlease.NamedScope("gpu", limit)}
+			c := &rowCounter{Store: s}
+			_, err := runlease.ClaimSlots(ctx, c, "plain", scopes)
+			var limitErr *runlease.ConcurrencyLimitError
+			require.ErrorAs(t, err, &limitErr)
+			assert.Equal(t, 0, limitErr.Held, "the slots are free: the line holds it back")
+			assert.GreaterOrEqual(t, limitErr.Ahead, limit, "the head reserves every unit")
+			assert.Equal(t, int64(1), c.calls.Load(), "one read")
+			// limit+1 entries of the head, and at most 4 entries at the
+			// claim's priority (its fair-share tag) and its mark.
+			assert.LessOrEqual(t, c.rows.Load(), int64(limit+1+4+1), "rows read")
+
+			c.calls.Store(0)
+			c.rows.Store(0)
+			wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			defer cancel()
+			_, err = runlease.ClaimSlotsWait(wctx, c, "waiting", scopes, runlease.WithWaitPoll(time.Hour))
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.LessOrEqual(t, c.rows.Load(), int64(c.calls.Load()*(limit+1+4+4)), "each read takes the head, not the line")
+		})
+	}
+}
+
+// TestAPlainClaimOnAPlainStoreReadsItsRankPastExpiredEntries: on a store
+// that reads neither ranges nor many prefixes at once, a plain claim reads
+// its own rows (its mark, the first entries at its priority) only when the
+// head of the line holds a live entry. When the head read is all expired
+// entries and the live waiter lies just behind them, the claim must still
+// rank from that waiter's tag: a principal with nothing waiting starts at
+// the virtual time, the smallest tag waiting, not at zero. Here a waiter
+// of principal p (tag 5,000,000) needs both units of a scope of limit 2,
+// one of which is held; a claim of principal q must rank behind it and be
+// refused, as it is on a store that reads ranges.
+func TestAPlainClaimOnAPlainStoreReadsItsRankPastExpiredEntries(t *testing.T) {
+	t.Parallel()
+	for _, plain := range []bool{false, true} {
+		t.Run("plain="+strconv.FormatBool(plain), func(t *testing.T) {
+			t.Parallel()
+			ctx, base := t.Context(), newSQLite(t)
+			var s runlease.Store = base
+			if plain {
+				s = testkit.PlainStore{Store: base}
+			}
+			const limit = 2
+			gpu := runlease.NamedScope("gpu", limit)
+			_, err := runlease.ClaimSlots(ctx, base, "holder", []runlease.Scope{gpu})
+			require.NoError(t, err)
+			now := time.Now()
+			for i := range 3 * limit {
+				plant(t, base, plantedEntry{Run: "dead" + strconv.Itoa(i), Waiter: "d" + strconv.Itoa(i), Seq: 1,
+					EnqMS: now.Add(-time.Hour).UnixMilli() + int64(i), UntilMS: now.Add(-time.Minute).UnixMilli(),
+					Scopes: []string{"gpu"}})
+			}
+			plant(t, base, plantedEntry{Run: "waiting", Waiter: "w", Seq: 1, Principal: "p", Units: limit,
+				Tag: 5_000_000, EnqMS: now.Add(-time.Second).UnixMilli(), UntilMS: now.Add(time.Hour).UnixMilli(),
+				Scopes: []string{"gpu"}})
+
+			_, err = runlease.ClaimSlots(ctx, s, "jumper", []runlease.Scope{gpu}, runlease.WithFairShare("q", 1))
+			var limitErr *runlease.ConcurrencyLimitError
+			require.ErrorAs(t, err, &limitErr, "the free unit is the waiter's: the claim ranks behind it")
+			assert.Equal(t, 1, limitErr.Ahead)
+		})
+	}
+}
