@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -49,6 +50,8 @@ type config struct {
 	budget      time.Duration
 	admitBudget time.Duration
 	claimTrials int
+	cpuProfile  string
+	waitPoll    time.Duration
 }
 
 func main() {
@@ -59,7 +62,24 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, cfg, os.Stdout, os.Stderr); err != nil {
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "admissionbench:", err)
+			os.Exit(2)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "admissionbench:", err)
+			os.Exit(2)
+		}
+	}
+	err = run(ctx, cfg, os.Stdout, os.Stderr)
+	if cfg.cpuProfile != "" {
+		// Stopped before an exit, so that a run that failed or was
+		// interrupted still leaves a profile of what it spent.
+		pprof.StopCPUProfile()
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "admissionbench:", err)
 		os.Exit(1)
 	}
@@ -91,6 +111,8 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.budget, "budget", 3*time.Minute, "backlog: time allowed to build one backlog; past it the harness stops queueing, says how far it got, and measures behind what queued")
 	fs.DurationVar(&cfg.admitBudget, "admit-budget", time.Minute, "backlog: time allowed to measure the admissions behind one backlog; past it the harness reports the admissions it saw")
 	fs.IntVar(&cfg.claimTrials, "claims", 15, "backlog: refused claims timed per measurement")
+	fs.DurationVar(&cfg.waitPoll, "runlease-poll", 0, "runlease's waiters' poll (WithWaitPoll); 0 keeps the library's default")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the harness process (its contenders' client side included) to this file")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -124,7 +146,7 @@ func parseFlags(args []string) (config, error) {
 		return cfg, errors.New("no Postgres DSN: give -dsn or set RUNLEASE_TEST_POSTGRES")
 	}
 	if cfg.runs < 1 || cfg.limit < 1 || cfg.hold < 0 || cfg.duration <= 0 || cfg.warmup < 0 || cfg.waiters < 1 || cfg.principals < 0 ||
-		cfg.admissions < 1 || cfg.warmAdmits < 0 || cfg.probes < 1 || cfg.inflight < 1 || cfg.budget <= 0 || cfg.admitBudget <= 0 || cfg.claimTrials < 1 || cfg.dbosPoll <= 0 {
+		cfg.admissions < 1 || cfg.warmAdmits < 0 || cfg.probes < 1 || cfg.inflight < 1 || cfg.budget <= 0 || cfg.admitBudget <= 0 || cfg.claimTrials < 1 || cfg.dbosPoll <= 0 || cfg.waitPoll < 0 {
 		return cfg, errors.New("-runs, -limit, -duration, -waiters, -admissions, -probes, -inflight, -budget, -admit-budget, -claims and -dbos-poll must be positive, -hold, -warmup and -warm-admissions not negative")
 	}
 	return cfg, nil
@@ -142,13 +164,13 @@ func open(ctx context.Context, cfg config, name string) (contender, error) {
 	case "runlease-postgres":
 		c, err := newRunleasePostgres(ctx, cfg.dsn, cfg.limit)
 		if err == nil {
-			c.workerPrincipals = cfg.principals
+			c.workerPrincipals, c.poll = cfg.principals, cfg.waitPoll
 		}
 		return c, err
 	case "runlease-sqlite":
 		c, err := newRunleaseSQLite(cfg.limit)
 		if err == nil {
-			c.workerPrincipals = cfg.principals
+			c.workerPrincipals, c.poll = cfg.principals, cfg.waitPoll
 		}
 		return c, err
 	}

@@ -36,6 +36,8 @@ type runleaseContender struct {
 	// name none).
 	principals       int
 	workerPrincipals int
+	// poll is the waiters' WithWaitPoll (0: the library's default).
+	poll time.Duration
 }
 
 const scopeName = "admissionbench"
@@ -112,6 +114,9 @@ func (c *runleaseContender) admit(ctx context.Context, w int, ahead bool, queued
 		// The backlog: several principals, so that the queue is not one
 		// principal's line.
 		opts = append(opts, runlease.WithFairShare(fmt.Sprintf("p%d", w%c.principals), 1))
+	}
+	if c.poll > 0 {
+		opts = append(opts, runlease.WithWaitPoll(c.poll))
 	}
 	if role != "" {
 		ctx = withRole(ctx, role)
