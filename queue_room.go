@@ -80,6 +80,13 @@ type room struct {
 
 	mu      sync.Mutex
 	waiters map[chan struct{}]struct{} // each waiter's wake-up channel
+	// placed holds the line key of each member that holds a place, and
+	// order the same members in key order; a ring wakes the members
+	// without a place and the first depth members with one (the largest
+	// headDepth of the members' scopes).
+	placed map[chan struct{}]string
+	order  memberOrder
+	depth  int
 	ringSeq uint64                     // the tick of the latest ring
 	// expiryTick is the latest tick a waiter woken by an expiry took,
 	// after the clock that judges expiry read expiryMS (tickAfter).
@@ -122,7 +129,8 @@ func joinRoom(store Store, sc Scope, wake chan struct{}) *room {
 	r := rooms.m[k]
 	made := r == nil
 	if made {
-		r = &room{store: store, sc: sc, ready: make(chan struct{}), waiters: map[chan struct{}]struct{}{}}
+		r = &room{store: store, sc: sc, ready: make(chan struct{}), waiters: map[chan struct{}]struct{}{},
+			placed: map[chan struct{}]string{}}
 		rooms.m[k] = r
 	}
 	r.refs++ // a room in the map has a member: this one keeps it there
@@ -139,6 +147,7 @@ func joinRoom(store Store, sc Scope, wake chan struct{}) *room {
 	<-r.ready
 	r.mu.Lock()
 	r.waiters[wake] = struct{}{}
+	r.depth = max(r.depth, headDepth(sc))
 	r.mu.Unlock()
 	joined = true
 	return r
@@ -169,17 +178,29 @@ func (r *room) fanOut(ch <-chan struct{}) {
 			return
 		case <-ch:
 		}
-		r.mu.Lock()
-		r.ringSeq = roomTick()
-		r.rings++
-		for w := range r.waiters {
-			select {
-			case w <- struct{}{}:
-			default:
-			}
-		}
-		r.mu.Unlock()
+		r.ring()
 	}
+}
+
+// ring records a ring and wakes the members it concerns: those without a
+// place, and the first depth members with one.
+func (r *room) ring() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ringSeq = roomTick()
+	r.rings++
+	wake := func(w chan struct{}) {
+		select {
+		case w <- struct{}{}:
+		default:
+		}
+	}
+	for w := range r.waiters {
+		if _, placed := r.placed[w]; !placed {
+			wake(w)
+		}
+	}
+	r.order.first(r.depth, wake)
 }
 
 // leaveRooms takes the waiter whose wake-up channel is wake out of rs. The
@@ -194,6 +215,7 @@ func leaveRooms(rs []*room, wake chan struct{}) {
 func (r *room) leave(wake chan struct{}) {
 	r.mu.Lock()
 	delete(r.waiters, wake)
+	r.unplaceLocked(wake)
 	r.mu.Unlock()
 	rooms.mu.Lock()
 	r.refs--
@@ -210,6 +232,34 @@ func (r *room) leave(wake chan struct{}) {
 		<-r.exited
 	}
 	r.cancel()
+}
+
+// place records that the member whose wake-up channel is wake holds its
+// place at key ("" : it holds none, and every ring wakes it).
+func (r *room) place(wake chan struct{}, key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.unplaceLocked(wake)
+	if key != "" {
+		r.placed[wake] = key
+		r.order.insert(key, wake)
+	}
+}
+
+func (r *room) unplaceLocked(wake chan struct{}) {
+	if old, ok := r.placed[wake]; ok {
+		r.order.remove(old, wake)
+		delete(r.placed, wake)
+	}
+}
+
+// near reports whether a ring of the room wakes the member whose wake-up
+// channel is wake: it holds no place, or one among the first depth.
+func (r *room) near(wake chan struct{}) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	key, placed := r.placed[wake]
+	return !placed || r.order.within(r.depth, key, wake)
 }
 
 // lastRing returns the tick of the room's latest ring (0: none yet).

@@ -164,7 +164,8 @@ type waiter struct {
 	wroteAt  time.Time // local monotonic start of the last entry write that landed
 	queuedAt time.Time // when the run took its current place
 
-	rooms []*room       // per scope, the room it waits in
+	rooms    []*room  // per scope, the room it waits in
+	roomKeys []string // per scope, the place its room knows it holds ("": none)
 	wake  chan struct{} // the rooms' wake-ups, merged: one pending at most
 	// fresh is the roomClock tick its next read must follow: the last
 	// ring that woke it, its last write, or the moment it chose to look.
@@ -204,6 +205,7 @@ func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, comm
 	// joined before it, and no count behind.
 	defer func() { leaveRooms(w.rooms, w.wake) }()
 	joinRooms(s.store, scopes, w.wake, &w.rooms)
+	w.roomKeys = make([]string, len(scopes))
 	w.fresh = roomTick()
 	held, err := w.run(ctx)
 	if err != nil {
@@ -227,6 +229,7 @@ func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, comm
 func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 	raced := false
 	for try := 0; ; try++ {
+		w.syncRooms()
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
@@ -308,11 +311,38 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 			raced = false
 			continue
 		}
+		w.syncRooms()
 		if err := w.sleepRenewing(ctx, next); err != nil {
 			return nil, err
 		}
 		try = -1
 	}
+}
+
+// syncRooms tells each room where the waiter's place is, when that
+// changed: a room's rings wake a member with a place only while it is
+// among the first of the room's members (room.near).
+func (w *waiter) syncRooms() {
+	for i, r := range w.rooms {
+		key := ""
+		if w.queued {
+			key = w.keys[i]
+		}
+		if w.roomKeys[i] != key {
+			r.place(w.wake, key)
+			w.roomKeys[i] = key
+		}
+	}
+}
+
+// near reports whether a ring of any of its rooms wakes the waiter.
+func (w *waiter) near() bool {
+	for _, r := range w.rooms {
+		if r.near(w.wake) {
+			return true
+		}
+	}
+	return false
 }
 
 // read reads every scope the run waits for. A queued waiter reads the
@@ -820,7 +850,15 @@ func (w *waiter) sleepRenewing(ctx context.Context, nextMS int64) error {
 	// next look off.
 	pollAt := time.Now().Add(jitter(w.s.o.poll))
 	for {
-		renew, err := w.sleep(ctx, nextMS, pollAt)
+		renew, poll, err := w.sleep(ctx, nextMS, pollAt)
+		if err == nil && poll && w.queued && !w.stalled() && !w.near() {
+			// A poll of a waiter far from the head: waiters of its own
+			// process rank ahead of it, more than could be admitted, and
+			// they look (and ring as they leave). Its renewals keep its
+			// place meanwhile; it looks once it is near.
+			pollAt = time.Now().Add(jitter(w.s.o.poll))
+			continue
+		}
 		if err != nil || !renew || !w.queued || w.stalled() {
 			return err
 		}
@@ -1015,11 +1053,15 @@ func (w *waiter) requeued(why string) {
 
 // sleep waits for a wake-up of any scope, the expiry at nextMS, the
 // renewal of the entries, or the poll at pollAt, whichever comes first,
-// and reports whether it woke for the renewal alone.
-func (w *waiter) sleep(ctx context.Context, nextMS int64, pollAt time.Time) (renew bool, err error) {
+// and reports whether it woke for the renewal alone, or for the poll.
+func (w *waiter) sleep(ctx context.Context, nextMS int64, pollAt time.Time) (renew, poll bool, err error) {
 	d := max(time.Until(pollAt), 0)
 	expiry := false
-	if nextMS != 0 {
+	// An entry ahead that expires matters only to a waiter near the head:
+	// one further back has more waiters of its own process ahead of it
+	// than a release or an expiry lets in (they look, and ring as they
+	// leave).
+	if nextMS != 0 && w.near() {
 		if until := time.UnixMilli(nextMS).Sub(w.s.o.now()) + time.Millisecond; until < d {
 			d, expiry = max(until, time.Millisecond), true
 		}
@@ -1033,11 +1075,11 @@ func (w *waiter) sleep(ctx context.Context, nextMS int64, pollAt time.Time) (ren
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return false, ctx.Err()
+		return false, false, ctx.Err()
 	case <-t.C:
 		if !expiry {
 			w.fresh = roomTick()
-			return renew, nil
+			return renew, !renew, nil
 		}
 		// Every waiter of the process that waited for this expiry needs
 		// the same: a scan started after it, which they share.
@@ -1046,14 +1088,14 @@ func (w *waiter) sleep(ctx context.Context, nextMS int64, pollAt time.Time) (ren
 		for _, r := range w.rooms {
 			w.fresh = max(w.fresh, r.tickAfter(nextMS, ms, tick))
 		}
-		return false, nil
+		return false, false, nil
 	case <-w.wake:
 		// Every waiter woken by one ring needs the same: a scan started
 		// after it, the first of which they all share.
 		for _, r := range w.rooms {
 			w.fresh = max(w.fresh, r.lastRing())
 		}
-		return false, nil
+		return false, false, nil
 	}
 }
 
