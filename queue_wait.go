@@ -228,10 +228,24 @@ func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, comm
 // slots it then holds.
 func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 	raced := false
+	giveTurn := func() {}
+	defer func() { giveTurn() }()
 	for try := 0; ; try++ {
+		giveTurn()
+		giveTurn = func() {}
 		w.syncRooms()
 		if err := ctx.Err(); err != nil {
 			return nil, err
+		}
+		if !w.queued && keyable(w.s.store) {
+			// Its next write moves the principal's mark: it takes its
+			// process's turn for the principal from the read on
+			// (queue_turn.go).
+			give, err := takeTurn(ctx, w.s.store, w.me.Principal)
+			if err != nil {
+				return nil, err
+			}
+			giveTurn = give
 		}
 		states, err := w.read(ctx)
 		if err != nil {
@@ -312,6 +326,8 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 			continue
 		}
 		w.syncRooms()
+		giveTurn()
+		giveTurn = func() {}
 		if err := w.sleepRenewing(ctx, next); err != nil {
 			return nil, err
 		}
