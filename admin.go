@@ -239,13 +239,16 @@ func prunable(ctx context.Context, store Store, olderThan time.Duration, opts []
 	// The line is read first: a place, mark or clock is pruned only when
 	// the entries it speaks for are gone (queueUse).
 	var use queueUse
-	for _, prefix := range []string{QueuePrefix, LeasePrefix, SlotPrefix, LegacyQueuePrefix, PlacePrefix, FairPrefix, ClockPrefix} {
+	for _, prefix := range []string{QueuePrefix, ClockPrefix, LeasePrefix, SlotPrefix, LegacyQueuePrefix, PlacePrefix, FairPrefix} {
 		rows, err := store.MetaScan(ctx, prefix)
 		if err != nil {
 			return err
 		}
-		if prefix == QueuePrefix {
+		switch prefix {
+		case QueuePrefix:
 			use = lineUse(rows, nowMS)
+		case ClockPrefix:
+			use.clocks(rows)
 		}
 		for _, r := range rows {
 			if until, ok := endOf(prefix, r.Value); ok && until < horizon && use.done(prefix, r) {
@@ -261,6 +264,18 @@ func prunable(ctx context.Context, store Store, olderThan time.Duration, opts []
 type queueUse struct {
 	live   map[string]bool
 	minTag map[string]int64
+	clock  map[string]int64 // each scope's clock, as read
+}
+
+// clocks records the scopes' clocks.
+func (u *queueUse) clocks(rows []Row) {
+	u.clock = map[string]int64{}
+	for _, r := range rows {
+		scope, rest, ok := cutScopeSegment(r.Key+":", ClockPrefix)
+		if m, err := decodeMark(r.Value); ok && rest == "" && err == nil {
+			u.clock[scope] = m.Finish
+		}
+	}
 }
 
 func lineUse(rows []Row, nowMS int64) queueUse {
@@ -283,10 +298,12 @@ func lineUse(rows []Row, nowMS int64) queueUse {
 }
 
 // done reports whether the row r under prefix speaks for nothing the line
-// still holds: a place whose entry is not live; a mark behind every live
-// tag of its scope (so no entry of its principal waits, and its finish
-// ranks nobody: the virtual time is past it); a clock of a scope where
-// nothing waits. Entries, leases and slots are judged by their expiry
+// still holds: a place whose entry is not live; a mark of a scope where
+// nothing waits (the scope starts over, forgiving what a principal ran
+// ahead, as its clock goes too), or one at or behind its scope's clock
+// and every live tag of its scope (so no entry of its principal waits,
+// and every virtual time a claim of the scope can start from is past
+// it); a clock of a scope where nothing waits. Entries, leases and slots are judged by their expiry
 // alone.
 func (u queueUse) done(prefix string, r Row) bool {
 	switch prefix {
@@ -297,7 +314,7 @@ func (u queueUse) done(prefix string, r Row) bool {
 		scope, _, ok := cutScopeSegment(r.Key, FairPrefix)
 		m, _ := decodeMark(r.Value)
 		t, waiting := u.minTag[scope]
-		return ok && (!waiting || m.Finish <= t)
+		return ok && (!waiting || m.Finish <= u.clock[scope] && m.Finish <= t)
 	case ClockPrefix:
 		scope, rest, ok := cutScopeSegment(r.Key+":", ClockPrefix)
 		_, waiting := u.minTag[scope]

@@ -154,25 +154,24 @@ func decodeLine(rows []Row, scope string, nowMS int64, all, bad map[string]strin
 // rankIn returns the fair-share tag a new entry of the run gets in the
 // scopes read: the later of the virtual time now and where the
 // principal's last run finishes (its mark, the latest of every scope's).
-// The virtual time is the smallest tag waiting at the entry's priority in
-// any of the scopes or, when nothing waits there, the latest scope clock,
-// so that it never goes back and a principal gains no credit by having
-// waited less. The marks are advanced by compare-and-swap with every entry
+// A scope's virtual time is the smallest tag waiting there at the entry's
+// priority or, when nothing waits there, the scope's clock, so that it
+// never goes back and a principal gains no credit by having waited less;
+// a claim of several scopes takes the latest of theirs. The marks are advanced by compare-and-swap with every entry
 // and every admission from a read (waiter.placeWrites, markWrites), so two
 // runs of one principal never get the same tag.
 func rankIn(states []*scopeState, runID, principal string, priority int) int64 {
 	var vt, fin int64
-	waiting := false
 	for _, st := range states {
-		if st.prioSeen && (!waiting || st.prioTag < vt) {
-			vt, waiting = st.prioTag, true
-		}
-		fin = max(fin, st.marks[principal])
-	}
-	if !waiting {
-		for _, st := range states {
+		// Each scope's virtual time, and the latest of them: a claim of
+		// several scopes starts at no scope's head earlier than that
+		// scope's own, so it never ranks ahead of a scope's head.
+		if st.prioSeen {
+			vt = max(vt, st.prioTag)
+		} else {
 			vt = max(vt, st.clock)
 		}
+		fin = max(fin, st.marks[principal])
 	}
 	return max(vt, fin)
 }

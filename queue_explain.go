@@ -2,6 +2,7 @@ package runlease
 
 import (
 	"context"
+	"math"
 	"slices"
 	"time"
 )
@@ -99,7 +100,7 @@ func ExplainSlots(ctx context.Context, store Store, runID string, scopes []Scope
 	}
 	if me == nil {
 		me = &queueEntry{Run: runID, Principal: o.principal, Weight: o.weightOr1(), Priority: o.priority,
-			EnqMS: states[0].nowMS, Tag: rankIn(states, runID, o.principal, o.priority)}
+			EnqMS: math.MaxInt64, Tag: rankIn(states, runID, o.principal, o.priority)}
 	}
 	ex := &Explanation{RunID: runID, Admissible: true}
 	for i, sc := range scopes {

@@ -170,6 +170,10 @@ type scopeRows struct {
 	cut   bool  // the line may hold rows after head
 	clock []Row // the scope's clock row, if any
 	own   *ownRows
+	// judgedMS is the instant complete judged the head's entries live at:
+	// the rows are decoded as of then, so that a head complete then is
+	// not found short by a later clock reading (0: not completed).
+	judgedMS int64
 }
 
 // ownRows are the rows of one claim's read of a scope that only it needs:
@@ -323,6 +327,7 @@ func exact(rows []Row, key string) []Row {
 // given (a room's read is shared): it replaces them.
 func (r *scopeRows) complete(ctx context.Context, store Store, sc Scope, nowMS int64, runID string, tidy bool) error {
 	prefix := lineScopePrefix(sc.name)
+	r.judgedMS = nowMS
 	paged := false
 	for r.cut && liveEntries(sc.name, r.head, nowMS, "") < headDepth(sc) {
 		more, err := readRanges(ctx, store, Range{Prefix: prefix, After: r.head[len(r.head)-1].Key, Limit: headDepth(sc)})

@@ -84,10 +84,10 @@ type room struct {
 	// order the same members in key order; a ring wakes the members
 	// without a place and the first depth members with one (the largest
 	// headDepth of the members' scopes).
-	placed map[chan struct{}]string
-	order  memberOrder
-	depth  int
-	ringSeq uint64                     // the tick of the latest ring
+	placed  map[chan struct{}]string
+	order   memberOrder
+	depth   int
+	ringSeq uint64 // the tick of the latest ring
 	// expiryTick is the latest tick a waiter woken by an expiry took,
 	// after the clock that judges expiry read expiryMS (tickAfter).
 	expiryTick uint64

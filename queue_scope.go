@@ -90,6 +90,9 @@ func decodeScope(sc Scope, runID string, o options, raw scopeRows) (*scopeState,
 func decodeScopeFor(sc Scope, runID string, o options, raw scopeRows, orphan func(key, row string) bool) (*scopeState, error) {
 	rows := raw.slots
 	now := o.nowMS()
+	if raw.judgedMS != 0 {
+		now = raw.judgedMS // as complete judged the head
+	}
 	st := &scopeState{nowMS: now, taken: make(map[int]takenSlot, len(rows)), cut: raw.cut,
 		entryRows: make(map[string]string, len(raw.head)+4), badRows: map[string]string{},
 		marks: map[string]int64{}, slotRows: rows}

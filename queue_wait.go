@@ -164,9 +164,9 @@ type waiter struct {
 	wroteAt  time.Time // local monotonic start of the last entry write that landed
 	queuedAt time.Time // when the run took its current place
 
-	rooms    []*room  // per scope, the room it waits in
-	roomKeys []string // per scope, the place its room knows it holds ("": none)
-	wake  chan struct{} // the rooms' wake-ups, merged: one pending at most
+	rooms    []*room       // per scope, the room it waits in
+	roomKeys []string      // per scope, the place its room knows it holds ("": none)
+	wake     chan struct{} // the rooms' wake-ups, merged: one pending at most
 	// fresh is the roomClock tick its next read must follow: the last
 	// ring that woke it, its last write, or the moment it chose to look.
 	fresh uint64
@@ -452,6 +452,16 @@ func (w *waiter) rank(states []*scopeState) *queueEntry {
 	me := w.me
 	if w.queued {
 		return &me
+	}
+	for _, st := range states {
+		// A newer driver's waiter takes the older one's place: its rank,
+		// already charged to the principal's mark.
+		if d := st.displaced; d != nil {
+			if e, err := decodeEntry(d.Value); err == nil {
+				me.Tag, me.EnqMS = e.Tag, e.EnqMS
+				return &me
+			}
+		}
 	}
 	for i, st := range states {
 		// A mark still as this waiter's lost place left it ranks the run
@@ -788,7 +798,11 @@ func (w *waiter) admitSlotBySlot(ctx context.Context, states []*scopeState, plan
 	for i, sc := range w.scopes {
 		for range sc.Units() {
 			if err := s.claimOne(ctx, sc, plans[i]); err != nil {
-				err = errors.Join(err, s.rollback(ctx))
+				// Put back with a context of its own: the wait's may be
+				// what ended it.
+				cleanup, cancel := cleanupContext(ctx, leaveTimeout)
+				err = errors.Join(err, s.rollback(cleanup))
+				cancel()
 				var limit *ConcurrencyLimitError
 				if errors.As(err, &limit) {
 					return nil, ErrConditionFailed
@@ -954,6 +968,10 @@ func (w *waiter) putPlace(ctx context.Context, states []*scopeState, rank *queue
 			}
 		}
 	}
+	// The marks are recorded as sent before the write: if its outcome is
+	// never known, leave still moves them back (only while they hold what
+	// was sent). A write certainly refused restores what was recorded.
+	oldMarks, oldPrev := slices.Clone(w.marks), slices.Clone(w.markPrev)
 	// Some entries may land and others not (a fault, or a store without
 	// batches): leave finds them by their keys.
 	w.wrote = true
@@ -966,6 +984,10 @@ func (w *waiter) putPlace(ctx context.Context, states []*scopeState, rank *queue
 	}
 	w.fresh = roomTick() // the next read must show what this write did
 	if err != nil || !ok {
+		if err == nil && !w.queued {
+			copy(w.marks, oldMarks)
+			copy(w.markPrev, oldPrev)
+		}
 		if w.queued && ctx.Err() == nil {
 			// (A wait whose context ended is leaving, not queueing again.)
 			switch {
@@ -1140,7 +1162,7 @@ func (w *waiter) leave(ctx context.Context) {
 		}
 		for key := range w.tried {
 			if scope, _, ok := parseLineKey(key); ok && scope == sc.name && key != w.keys[i] {
-				w.deleteOwn(ctx, key, sc.name)
+				gone = w.deleteOwn(ctx, key, sc.name) && gone
 			}
 		}
 		pk := placeKey(sc.name, w.s.runID)

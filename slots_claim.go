@@ -212,7 +212,11 @@ func claimSlots(ctx context.Context, store Store, runID string, scopes []Scope, 
 	for i, sc := range scopes {
 		for range sc.Units() {
 			if err := s.claimOne(ctx, sc, plans[i]); err != nil {
-				return nil, errors.Join(err, s.rollback(ctx))
+				// Put back with a context of its own: the caller's may be
+				// what ended the claim.
+				cleanup, cancel := cleanupContext(ctx, takeBackTimeout)
+				defer cancel()
+				return nil, errors.Join(err, s.rollback(cleanup))
 			}
 		}
 	}
