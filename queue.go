@@ -119,20 +119,18 @@ type queuedRow struct {
 }
 
 // decodeLine decodes the rows of a scope's line, read in key order (so in
-// rank order), and returns its live entries, in that order, and the
-// earliest expiry among them. It records every entry row that parses by
+// rank order), and returns its live entries, in that order. It records every entry row that parses by
 // key in all (when not nil). An entry that does not parse is recorded in
 // bad, by key, and holds no place: it ranks nowhere and reserves nothing,
 // and nothing writes over it. With bad nil, it is a [*CorruptRowError]
 // instead.
-func decodeLine(rows []Row, scope string, nowMS int64, all, bad map[string]string) ([]queuedRow, int64, error) {
+func decodeLine(rows []Row, scope string, nowMS int64, all, bad map[string]string) ([]queuedRow, error) {
 	var out []queuedRow
-	var next int64
 	for _, r := range rows {
 		e, err := decodeLineRow(scope, r)
 		if err != nil {
 			if bad == nil {
-				return nil, 0, corruptRow(r.Key, r.Value, err)
+				return nil, corruptRow(r.Key, r.Value, err)
 			}
 			bad[r.Key] = r.Value
 			continue
@@ -143,12 +141,9 @@ func decodeLine(rows []Row, scope string, nowMS int64, all, bad map[string]strin
 		if !e.live(nowMS) {
 			continue
 		}
-		if next == 0 || e.UntilMS < next {
-			next = e.UntilMS
-		}
 		out = append(out, queuedRow{key: r.Key, raw: r.Value, e: e})
 	}
-	return out, next, nil
+	return out, nil
 }
 
 // rankIn returns the fair-share tag a new entry of the run gets in the

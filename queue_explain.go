@@ -157,7 +157,7 @@ func Queues(ctx context.Context, store Store, opts ...Option) ([]Waiter, error) 
 	slices.Sort(names)
 	var out []Waiter
 	for _, name := range names {
-		q, _, err := decodeLine(byScope[name], name, now, nil, nil)
+		q, err := decodeLine(byScope[name], name, now, nil, nil)
 		if err != nil {
 			return nil, err
 		}

@@ -136,7 +136,7 @@ func decodeScopeFor(sc Scope, runID string, o options, raw scopeRows, orphan fun
 	}
 	// A waiter wakes for the expiry of the entries ahead of it alone
 	// (waiter.plan), so the line's earliest expiry is not kept.
-	q, _, err := decodeLine(raw.head, sc.name, now, st.entryRows, st.badRows)
+	q, err := decodeLine(raw.head, sc.name, now, st.entryRows, st.badRows)
 	if err != nil {
 		return nil, err
 	}

@@ -51,18 +51,9 @@ func (s *PostgresStore) MetaRanges(ctx context.Context, ranges []Range) ([][]Row
 	}
 	out := make([][]Row, len(ranges))
 	err := s.do(ctx, "MetaRanges", ranges[0].Prefix, false, func(c *pgx.Conn) error {
-		res, err := send(ctx, c, stmts...)
-		if err != nil {
-			return err
-		}
-		for i := range ranges {
-			rows := make([]Row, 0, len(res[i].Rows))
-			for _, r := range res[i].Rows {
-				rows = append(rows, Row{Key: string(r[0]), Value: string(r[1])})
-			}
-			out[i] = rows
-		}
-		return nil
+		var err error
+		out, err = sendRows(ctx, c, stmts)
+		return err
 	})
 	if err != nil {
 		return nil, err
