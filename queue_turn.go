@@ -15,9 +15,11 @@ import (
 // them right.
 //
 // turns.mu is a leaf lock, held only to find, make or drop a turn; a turn
-// is a one-slot channel taken with the waiter's context and never held
-// across a sleep. A waiter takes no other turn while it holds one, and a
-// fenced admission takes its lease's write token after it, never before.
+// is a one-slot channel taken with the waiter's context, held across the
+// waiter's store calls (as a lease's write token is) and the backoff of at
+// most 50 ms after a refused or failed write, never across the wait's
+// sleep. A waiter takes no other turn while it holds one, and a fenced
+// admission takes its lease's write token after it, never before.
 var turns = struct {
 	mu sync.Mutex
 	m  map[turnKey]*turn
