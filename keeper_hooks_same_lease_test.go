@@ -72,3 +72,41 @@ func TestKeeperHooksOfOneLease(t *testing.T) {
 		})
 	}
 }
+
+// TestARenewersCloseFromAHookOfAnotherRenewersKeeper: keepers of one lease
+// on two Renewers, each Lost hook closing the other Renewer. Whichever
+// renewal finds the loss runs both hooks on its own Renewer's goroutine, so
+// one hook closes the Renewer whose goroutine runs it: that Close must not
+// wait for the goroutine it runs on.
+func TestARenewersCloseFromAHookOfAnotherRenewersKeeper(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		raw := bubbleStore(t)
+		ctx := t.Context()
+		l, err := runlease.Acquire(ctx, raw, "r", "A", runlease.WithTTL(5*time.Second))
+		require.NoError(t, err)
+		var r1, r2 runlease.Renewer
+		var returned atomic.Int32
+		closing := func(other *runlease.Renewer) runlease.Option {
+			return runlease.WithHooks(runlease.Hooks{Lost: func(runlease.LossEvent) {
+				other.Close()
+				returned.Add(1)
+			}})
+		}
+		k1, err := r1.Keep(ctx, l, runlease.KeepInterval(time.Second), closing(&r2))
+		require.NoError(t, err)
+		k2, err := r2.Keep(ctx, l, runlease.KeepInterval(time.Second), closing(&r1))
+		require.NoError(t, err)
+
+		info, err := runlease.Peek(ctx, raw, "r")
+		require.NoError(t, err)
+		require.NoError(t, runlease.ForceRelease(ctx, raw, info))
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		require.ErrorIs(t, k1.Err(), runlease.ErrReleased)
+		require.ErrorIs(t, k2.Err(), runlease.ErrReleased)
+		require.Equal(t, int32(2), returned.Load(), "both Lost hooks returned")
+		r1.Close()
+		r2.Close()
+	})
+}

@@ -152,7 +152,13 @@ func (l *Lease) tryLock() bool {
 
 // unlock gives the write token back and wakes whoever waits for it, then
 // reports the ends of the keepers a loss found by the write ended.
-func (l *Lease) unlock() {
+func (l *Lease) unlock() { l.unlockOn(nil) }
+
+// unlockOn is unlock on a goroutine of Renewer host (nil: not a Renewer's).
+// The reports may run hooks of keepers of other Renewers; while they run,
+// host counts them as its own (Renewer.runHook), so that a hook's Close of
+// host does not wait for the goroutine running it.
+func (l *Lease) unlockOn(host *Renewer) {
 	l.mu.Lock()
 	l.writing = false
 	if l.writeFree != nil {
@@ -162,6 +168,10 @@ func (l *Lease) unlock() {
 	ended := l.ended
 	l.ended = nil
 	l.mu.Unlock()
+	if len(ended) > 0 && host != nil {
+		host.hooking.Add(1)
+		defer host.hooking.Add(-1)
+	}
 	for _, report := range ended {
 		report()
 	}

@@ -31,7 +31,7 @@ type Renewer struct {
 	batches  map[*batchJob]struct{}
 	sem      chan struct{} // bounds renewals in flight
 	jobs     sync.WaitGroup
-	hooking  atomic.Int32 // hooks of its keepers running now (runHook)
+	hooking  atomic.Int32 // hooks of its keepers running now (runHook), and reports run on its goroutines (Lease.unlockOn)
 }
 
 // job is one renewal in flight for a keeper: alone, or as a member of a
@@ -148,8 +148,10 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 // Close stops every keeper of the Renewer, as Stop does, cuts short every
 // renewal in flight, and returns once its goroutines have exited. Leases are
 // not released. The Renewer may be used again afterwards. Called while a
-// hook of one of its keepers runs (from the hook, say), Close waits for
-// nothing: the goroutine running the hook may be the Renewer's own.
+// hook runs that is one of its keepers' or runs on one of its goroutines
+// (a lease's loss found by its renewal is reported to every keeper of the
+// lease, on any Renewer), from the hook say, Close waits for nothing: the
+// goroutine running the hook may be the Renewer's own.
 func (r *Renewer) Close() {
 	r.mu.Lock()
 	keepers := r.queue.all()

@@ -91,7 +91,7 @@ func (r *Renewer) startLeaseLocked(k *Keeper, now time.Time, slots bool) {
 		err := r.takeSem(ctx)
 		var slotErr error
 		if err == nil {
-			err = k.lease.renewUnlessRenewed(ctx, st.trustFrom)
+			err = k.lease.renewUnlessRenewed(ctx, st.trustFrom, r)
 			if slots && err == nil {
 				slotErr = k.ks.slots.renewKept(ctx)
 			}
@@ -187,7 +187,7 @@ func (r *Renewer) runBatch(ctx context.Context, m MultiCASer, b *batchJob, membe
 			errs[i] = err
 		}
 	} else {
-		alone = renewMany(ctx, m, members, errs)
+		alone = renewMany(ctx, m, members, errs, r)
 		<-r.sem
 	}
 	b.cancel()
@@ -227,7 +227,7 @@ func (r *Renewer) renewAlone(mb batchMember, start time.Time) {
 		defer cancel()
 		err := r.takeSem(ctx)
 		if err == nil {
-			err = mb.k.lease.renewUnlessRenewed(ctx, mb.observed)
+			err = mb.k.lease.renewUnlessRenewed(ctx, mb.observed, r)
 			<-r.sem
 		}
 		r.finishLease(mb.k, mb.j, start, err)
@@ -384,12 +384,13 @@ func (r *Renewer) rescheduleLocked(k *Keeper) {
 
 // renewUnlessRenewed renews the lease unless a write of it has landed since
 // the renewal was planned (trustFrom was observed then): another keeper of
-// the lease, or a fenced Write, renewed it meanwhile.
-func (l *Lease) renewUnlessRenewed(ctx context.Context, observed time.Time) error {
+// the lease, or a fenced Write, renewed it meanwhile. It runs on a
+// goroutine of Renewer host.
+func (l *Lease) renewUnlessRenewed(ctx context.Context, observed time.Time, host *Renewer) error {
 	if err := l.lock(ctx); err != nil {
 		return err
 	}
-	defer l.unlock()
+	defer l.unlockOn(host)
 	if st := l.state(); st.lost == nil && !st.trustFrom.Equal(observed) {
 		return nil
 	}
@@ -406,8 +407,8 @@ func (l *Lease) renewUnlessRenewed(ctx context.Context, observed time.Time) erro
 // lease alone (Renew would read the row back, and adopt a row of its own). A
 // lease a write renewed since the batch was planned is renewed already; a
 // fault of the whole call leaves every lease as it was, and its next write
-// finds out what landed.
-func renewMany(ctx context.Context, m MultiCASer, members []batchMember, errs []error) (alone []bool) {
+// finds out what landed. It runs on a goroutine of Renewer host.
+func renewMany(ctx context.Context, m MultiCASer, members []batchMember, errs []error, host *Renewer) (alone []bool) {
 	type pending struct {
 		seen, next string
 		untilMS    int64
@@ -444,7 +445,7 @@ func renewMany(ctx context.Context, m MultiCASer, members []batchMember, errs []
 			continue
 		}
 		l.mu.Unlock()
-		l.unlock()
+		l.unlockOn(host)
 	}
 	if len(writes) == 0 {
 		return alone
@@ -466,7 +467,7 @@ func renewMany(ctx context.Context, m MultiCASer, members []batchMember, errs []
 			// back before the lease finds out why.
 			alone[i] = true
 		}
-		l.unlock()
+		l.unlockOn(host)
 	}
 	return alone
 }

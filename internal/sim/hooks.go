@@ -7,15 +7,19 @@ import (
 	"time"
 )
 
-// hookPlan is what a keeper's hooks do to it, once: nothing, or, from one
-// hook, Stop it, Release through it, or Renew its lease. The hook runs on
-// whatever goroutine the library runs it on (a renewal's, the Renewer's
-// loop, a caller's while its call on the lease returns), so each of these
-// must return there, as from any other goroutine.
+// hookPlan is what a keeper's hooks do, once: nothing, or, from one hook,
+// Stop it, Release through it, Renew its lease, or Close one of the shared
+// Renewers (its own or another's, whose goroutine may be the one running
+// the hook: a lease's loss is reported to all its keepers by the renewal
+// that found it). The hook runs on whatever goroutine the library runs it
+// on (a renewal's, the Renewer's loop, a caller's while its call on the
+// lease returns), so each of these must return there, as from any other
+// goroutine.
 type hookPlan struct {
-	act  string // "", "stop", "release" or "renew"
-	hook string // "Lost", "SlotsLost" or "Renewed"
-	done bool   // the hook acted already
+	act     string // "", "stop", "release", "renew" or "close"
+	hook    string // "Lost", "SlotsLost" or "Renewed"
+	renewer int    // "close": the shared Renewer closed, from 1
+	done    bool   // the hook acted already
 }
 
 // planHooks draws what the hooks of rec, a keeper about to start, will do.
@@ -36,6 +40,10 @@ func (w *World) planHooks(rec *keeperRec) {
 		if rec.slots == nil {
 			rec.hooks = hookPlan{act: "release", hook: "Lost"}
 		}
+	case 3:
+		if w.mode.Shared > 0 {
+			rec.hooks = hookPlan{act: "close", hook: hooks[rng.IntN(3)], renewer: 1 + rng.IntN(w.mode.Shared)}
+		}
 	}
 }
 
@@ -51,7 +59,11 @@ func (w *World) inHook(rec *keeperRec, hook string) {
 	}
 	rec.hooks.done = true
 	now := time.Now()
-	o := &op{id: len(w.ops) + 1, desc: fmt.Sprintf("%s hook of k%d: %s", hook, rec.id, plan.act), a: a, gen: a.gen,
+	desc := fmt.Sprintf("%s hook of k%d: %s", hook, rec.id, plan.act)
+	if plan.act == "close" {
+		desc += fmt.Sprintf(" R%d", plan.renewer)
+	}
+	o := &op{id: len(w.ops) + 1, desc: desc, a: a, gen: a.gen,
 		start: now, bound: now.Add(callTimeout + promptly)}
 	w.ops = append(w.ops, o)
 	if plan.act == "release" {
@@ -80,12 +92,21 @@ func (w *World) inHook(rec *keeperRec, hook string) {
 			w.checkReleased(o.desc, rec.lease, rec.run, rec.holder, rec.fence)
 		}
 		w.markLost(a, rec.lease, err)
+	case "close":
+		w.renewers[plan.renewer-1].Close()
 	}
 	w.tracef("done  #%d d%d %s: %v", o.id, a.id, o.desc, errText(err))
 	w.mu.Lock()
 	o.done = true
-	if plan.act != "renew" {
+	switch plan.act {
+	case "stop", "release":
 		rec.stopped = true
+	case "close":
+		for _, r := range w.keepers {
+			if r.renewer == plan.renewer {
+				r.stopped = true
+			}
+		}
 	}
 	if plan.act == "release" && a.lease == rec.lease {
 		a.lost = true // the driver gives the lease up and starts again
