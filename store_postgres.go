@@ -386,14 +386,16 @@ func (s *PostgresStore) neverMatches(ctx context.Context, op, key string) (bool,
 // exec runs a conditional write and reports whether it changed a row.
 func (s *PostgresStore) exec(ctx context.Context, op, key, sql string, args ...any) (bool, error) {
 	var n int64
+	var pid uint32
 	err := s.do(ctx, op, key, true, func(c *pgx.Conn) error {
+		pid = c.PgConn().PID()
 		res, err := send(ctx, c, pgStmt{sql, args})
 		if err == nil {
 			n = res[0].CommandTag.RowsAffected()
 		}
 		return err
 	})
-	s.doubts.note(err, n == 1, key)
+	s.doubts.note(err, n == 1, pid, key)
 	return n == 1, err
 }
 

@@ -105,7 +105,9 @@ func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected 
 		write = pgStmt{s.q.updateNotify, append([]any{key, *expected, value}, marks...)}
 	}
 	var n int64
+	var pid uint32
 	err := s.do(ctx, "MetaCASNotify", key, true, func(c *pgx.Conn) error {
+		pid = c.PgConn().PID()
 		// pgPinNotify pins the write's durability and takes the key's
 		// lock.
 		res, err := send(ctx, c, pgStmt{pgPinNotify, []any{pgMarkLockKey(s.channel, key)}}, write)
@@ -114,7 +116,7 @@ func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected 
 		}
 		return err
 	})
-	s.doubts.note(err, n == 1, key)
+	s.doubts.note(err, n == 1, pid, key)
 	return n == 1, err
 }
 
