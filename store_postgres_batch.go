@@ -207,7 +207,7 @@ func pgPause(ctx context.Context, d time.Duration) error {
 
 // sendBatch sends both statements and reads the verdict.
 func (s *PostgresStore) sendBatch(ctx context.Context, c *pgx.Conn, args []any) (ok, complete bool, err error) {
-	res, err := send(ctx, c,
+	res, err := sendByIndex(ctx, c,
 		pgStmt{s.q.batchHold, []any{args[0], args[7]}},
 		pgStmt{s.q.batchApply, args})
 	if err != nil {

@@ -62,7 +62,7 @@ func (s *PostgresStore) MetaCASMany(ctx context.Context, writes []CASWrite) ([]b
 		var pid uint32
 		err := s.do(ctx, "MetaCASMany", "", true, func(c *pgx.Conn) error {
 			pid = c.PgConn().PID()
-			res, err := send(ctx, c,
+			res, err := sendByIndex(ctx, c,
 				pgStmt{s.q.batchHold, []any{keys, placeholder}},
 				pgStmt{s.q.casMany, []any{keys, expected, values, absent, placeholder}})
 			if err == nil {
