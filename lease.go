@@ -107,7 +107,7 @@ type Lease struct {
 	// ended are the reports of keepers a loss ended during the write in
 	// flight (their Lost hooks): they run once the write token is given
 	// back (unlock), so that a hook may call the lease.
-	ended []func()
+	ended []func(host *Renewer)
 }
 
 // Acquire takes the lease on runID for holder, or fails with a

@@ -155,9 +155,9 @@ func (l *Lease) tryLock() bool {
 func (l *Lease) unlock() { l.unlockOn(nil) }
 
 // unlockOn is unlock on a goroutine of Renewer host (nil: not a Renewer's).
-// The reports may run hooks of keepers of other Renewers; while they run,
-// host counts them as its own (Renewer.runHook), so that a hook's Close of
-// host does not wait for the goroutine running it.
+// The reports may run hooks of keepers of other Renewers, which host
+// counts as its own while they run (Renewer.runHookOn), so that a hook's
+// Close of host does not wait for the goroutine running it.
 func (l *Lease) unlockOn(host *Renewer) {
 	l.mu.Lock()
 	l.writing = false
@@ -168,12 +168,8 @@ func (l *Lease) unlockOn(host *Renewer) {
 	ended := l.ended
 	l.ended = nil
 	l.mu.Unlock()
-	if len(ended) > 0 && host != nil {
-		host.hooking.Add(1)
-		defer host.hooking.Add(-1)
-	}
 	for _, report := range ended {
-		report()
+		report(host)
 	}
 }
 
@@ -399,9 +395,9 @@ func (l *Lease) lose(lost *LeaseLostError, tombstone ...string) error {
 	l.keepers = nil
 	l.mu.Unlock()
 	if len(keepers) > 0 {
-		ended := make([]func(), 0, len(keepers))
+		ended := make([]func(*Renewer), 0, len(keepers))
 		for _, k := range keepers {
-			ended = append(ended, k.r.endLater(k, lost))
+			ended = append(ended, k.r.endLaterOn(k, lost))
 		}
 		l.mu.Lock()
 		held := l.writing
@@ -411,7 +407,7 @@ func (l *Lease) lose(lost *LeaseLostError, tombstone ...string) error {
 		l.mu.Unlock()
 		if !held { // no write token to wait for
 			for _, report := range ended {
-				report()
+				report(nil)
 			}
 		}
 	}

@@ -31,7 +31,7 @@ type Renewer struct {
 	batches  map[*batchJob]struct{}
 	sem      chan struct{} // bounds renewals in flight
 	jobs     sync.WaitGroup
-	hooking  atomic.Int32 // hooks of its keepers running now (runHook), and reports run on its goroutines (Lease.unlockOn)
+	hooking  atomic.Int32 // hooks of its keepers running now, and of others' keepers on its goroutines (runHookOn)
 }
 
 // job is one renewal in flight for a keeper: alone, or as a member of a
@@ -413,15 +413,36 @@ func (r *Renewer) endLater(k *Keeper, err error) func() {
 	return r.endLocked(k, err)
 }
 
+// endLaterOn is endLater whose report is run later on a goroutine of
+// Renewer host (nil: not a Renewer's), given to the report.
+func (r *Renewer) endLaterOn(k *Keeper, err error) func(host *Renewer) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.endLockedOn(k, err)
+}
+
 // runHook runs call, a hook of k. Stop and Close called while it runs
 // (from the hook itself, say) wait for nothing: the goroutine running the
 // hook may be the very renewal or loop they would wait for.
-func (r *Renewer) runHook(k *Keeper, call func()) {
+func (r *Renewer) runHook(k *Keeper, call func()) { r.runHookOn(k, nil, call) }
+
+// runHookOn is runHook on a goroutine of Renewer host (nil: not a
+// Renewer's, or r's own), which counts the hook as one of its own too: a
+// lease's loss found by host's renewal is reported to every keeper of the
+// lease, and host's Close called from such a hook must not wait for the
+// goroutine running it.
+func (r *Renewer) runHookOn(k *Keeper, host *Renewer, call func()) {
 	k.lease.hooking.Add(1)
 	r.hooking.Add(1)
+	if host != nil && host != r {
+		host.hooking.Add(1)
+	}
 	defer func() {
 		k.lease.hooking.Add(-1)
 		r.hooking.Add(-1)
+		if host != nil && host != r {
+			host.hooking.Add(-1)
+		}
 	}()
 	call()
 }
@@ -430,8 +451,15 @@ func (r *Renewer) runHook(k *Keeper, call func()) {
 // work context cancelled, Done closed. r.mu is held; the returned func
 // reports the end and runs after unlocking.
 func (r *Renewer) endLocked(k *Keeper, err error) func() {
+	report := r.endLockedOn(k, err)
+	return func() { report(nil) }
+}
+
+// endLockedOn is endLocked whose report is told the Renewer whose goroutine
+// runs it (nil: none's).
+func (r *Renewer) endLockedOn(k *Keeper, err error) func(host *Renewer) {
 	if k.err != nil {
-		return func() {}
+		return func(*Renewer) {}
 	}
 	k.err, k.endedAt = err, time.Now()
 	if k.bucket != nil {
@@ -450,7 +478,7 @@ func (r *Renewer) endLocked(k *Keeper, err error) func() {
 		close(k.done)
 	}
 	unwatch := k.unwatch
-	return func() {
+	return func(host *Renewer) {
 		if unwatch != nil {
 			unwatch()
 		}
@@ -463,7 +491,7 @@ func (r *Renewer) endLocked(k *Keeper, err error) func() {
 		}
 		k.o.logger.Warn("runlease: lease lost; stop advancing the run", "run", k.lease.RunID(), "err", err)
 		if h := hooksOr(k.o.hooks).Lost; h != nil {
-			r.runHook(k, func() { h(LossEvent{RunID: k.lease.RunID(), Fence: k.lease.fence, Err: err}) })
+			r.runHookOn(k, host, func() { h(LossEvent{RunID: k.lease.RunID(), Fence: k.lease.fence, Err: err}) })
 		}
 	}
 }
