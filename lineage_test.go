@@ -95,6 +95,49 @@ func TestLineageStaleLeaseNeverAdoptsAnAcquisitionThatBeganBeforeIt(t *testing.T
 	require.ErrorIs(t, g2.Renew(ctx), runlease.ErrLeaseLost)
 }
 
+// TestLineageLeasesThroughAWrapperAndItsStoreAreStampedApart: the
+// Leases of one holder and run share a lineage whether they reach the
+// store directly or through a decorator that says what it wraps (Unwrap).
+// G1 acquires through the store; its create is overtaken by G2, of the same
+// holder, through the decorator, which acquires fence 1, stalls past its
+// TTL, sends a renewal whose outcome is unknown (not applied), and whose
+// row is pruned. G1 then creates the row at fence 1 in that same
+// millisecond. Had the decorator been a store of its own to the lineages,
+// G1 would stamp the very bytes of G2's renewal in doubt, G2 would take
+// G1's row for its own renewal landing late and renew over it, and both
+// would believe they hold the run at one fence.
+func TestLineageLeasesThroughAWrapperAndItsStoreAreStampedApart(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+	opts := []runlease.Option{runlease.WithClock(clk.Now), runlease.WithTTL(runlease.MinTTL)}
+
+	var g2 *runlease.Lease
+	f.Next(testkit.Fault{Apply: false, Then: func() {
+		var err error
+		g2, err = runlease.Acquire(ctx, wrapped{f}, "r1", "A", opts...)
+		require.NoError(t, err)
+		clk.Advance(runlease.MinTTL + time.Second)
+		f.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS")})
+		require.ErrorIs(t, g2.Renew(ctx), runlease.ErrOutcomeUnknown)
+		pruned, err := runlease.Prune(ctx, f, 0, runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.Equal(t, []string{"r1"}, pruned.Leases)
+	}})
+	g1, err := runlease.Acquire(ctx, f, "r1", "A", opts...)
+	require.NoError(t, err)
+	require.NotNil(t, g2)
+	require.Equal(t, uint64(1), g1.Fence())
+	g1Row := get(t, f, "runlease:r1")
+
+	err = g2.Renew(ctx)
+	require.Error(t, err, "G2 took G1's row %s for its own renewal and renewed over it, while G1 holds the run", g1Row)
+	require.Equal(t, g1Row, get(t, f, "runlease:r1"), "G2 wrote nothing")
+	clk.Advance(time.Millisecond)
+	require.NoError(t, g1.Renew(ctx))
+	require.ErrorIs(t, g2.Renew(ctx), runlease.ErrLeaseLost)
+}
+
 // TestLineageSlotsRefusedRenewalIsNotConfirmedByAnEqualRow: the
 // lease core no longer confirms a refused write whose read-back equals it,
 // but Slots.renewOne still does. A second Slots of the same run, whose

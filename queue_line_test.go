@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/pgtest"
 	"github.com/areev/runlease/internal/testkit"
 )
 
@@ -208,6 +209,73 @@ func TestOverlappingEnqueuesOfOnePrincipalNeverShareATag(t *testing.T) {
 			"the mark is where the last of them finishes")
 		cancel()
 	})
+}
+
+// TestEnqueuesOfOnePrincipalThroughTwoStoresNeverShareATag: the runs of
+// one principal call ClaimSlotsWait at once on a full scope through two
+// Store values of one database: two PostgresStores on one table, each with
+// a pool of its own, as two processes would have, and two values that
+// reach one SQLiteStore. A process's waiters of one principal take turns
+// per Store value, so the two values' waiters race: each place moves the
+// principal's mark only if it still holds the mark its waiter read, so a
+// place whose mark moved meanwhile is refused and read again, and every
+// run gets a tag of its own. (A mark moved without that condition gave two
+// runs read from one mark one tag: two runs for one share.)
+func TestEnqueuesOfOnePrincipalThroughTwoStoresNeverShareATag(t *testing.T) {
+	t.Parallel()
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		dsn := pgtest.DSN(t)
+		table := pgtest.NewTable(t, pgtest.Pool(t))
+		enqueueThroughTwoStores(t, openPG(t, dsn, table), openPG(t, dsn, table))
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		s := newSQLite(t)
+		enqueueThroughTwoStores(t, &sqliteValue{s}, &sqliteValue{s})
+	})
+}
+
+// sqliteValue is a Store value of its own that reaches a SQLiteStore.
+type sqliteValue struct{ *runlease.SQLiteStore }
+
+func enqueueThroughTwoStores(t *testing.T, a, b runlease.Store) {
+	const perStore = 12
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	scopes := []runlease.Scope{runlease.NamedScope("busy", 1)}
+	_, err := runlease.ClaimSlots(ctx, a, "holder", scopes)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	start := make(chan struct{})
+	for i, s := range []runlease.Store{a, b} {
+		for j := range perStore {
+			wg.Go(func() {
+				<-start
+				_, err := runlease.ClaimSlotsWait(ctx, s, fmt.Sprintf("a%d-%d", i, j), scopes,
+					runlease.WithFairShare("A", 1), runlease.WithWaitPoll(time.Hour))
+				assert.ErrorIs(t, err, context.Canceled)
+			})
+		}
+	}
+	close(start)
+	const n = 2 * perStore
+	awaitQueued(t, a, n)
+
+	tags := map[float64]string{}
+	for _, r := range lineRows(t, a, "busy") {
+		var e map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.Value), &e))
+		tag := e["tag"].(float64)
+		if other, dup := tags[tag]; dup {
+			t.Errorf("%s and %s share tag %v", other, e["run"], tag)
+		}
+		tags[tag] = e["run"].(string)
+	}
+	assert.Len(t, tags, n)
+	assert.Contains(t, get(t, a, "runfair:4:busy:A"), `{"finish":`+strconv.Itoa(n*1_000_000)+`,`,
+		"the mark is where the last of them finishes")
 }
 
 // TestExpiredEntriesAtTheHeadHoldNobodyBack: entries whose waiters died

@@ -83,10 +83,12 @@ func (w wrapped) Unwrap() runlease.Store { return w.Faulty }
 // decorator of the store its predecessor used, once the predecessor's row
 // is expired by its clock, aiming at the until_ms of the predecessor's
 // renewal whose outcome is unknown (30 s TTL, renewed at 10 s; 10 s TTL,
-// claimed at 30 s). Had the decorator been a store of its own, the claim
-// would stamp the renewal's very bytes, and the predecessor's release would
-// take the successor's row for its own renewal and delete it while the
-// successor holds it. A decorator that says what it wraps is one store.
+// claimed at 30 s). The predecessor's release must not take the
+// successor's row for its own renewal and delete it while the successor
+// holds it: the successor's row carries a claim id of its own, so it never
+// equals a row the predecessor sent, whichever Store value each used. (The
+// lineages' looking through Unwrap is what
+// TestLineageLeasesThroughAWrapperAndItsStoreAreStampedApart checks.)
 func TestSlotsOfOneRunThroughAWrapperAreStampedApart(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()

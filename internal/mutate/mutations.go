@@ -301,7 +301,7 @@ var catalog = []mutation{
 		File:   "queue_room.go",
 		Old:    "if r.expiryTick != 0 && r.expiryMS >= atMS {",
 		New:    "if false && r.expiryTick != 0 && r.expiryMS >= atMS {",
-		Breaks: "The waiters of one process woken by one expiry each read the scope for themselves, so an expiry costs one read per waiter.",
+		Breaks: "The waiters of one process woken by one expiry (those nearest the head: up to the limit plus one) each read the scope for themselves, so an expiry costs one read per woken waiter.",
 		Pkg:    ".", Tests: []string{"TestAProcesssWaitersShareOneReadPerExpiry"},
 	},
 	{
@@ -453,14 +453,6 @@ var catalog = []mutation{
 		Pkg:    ".", Tests: []string{"TestLineageLivesWhileReferencedOrPinned"},
 	},
 	{
-		Name:   "slot-stamp-not-shared",
-		File:   "slots.go",
-		Old:    "untilMS, _ := h.lin.stamp(s.o.now(), s.o.ttl, h.sentMS)",
-		New:    "untilMS := stampMS(s.o.now(), s.o.ttl, h.sentMS)",
-		Breaks: "Two Slots values of one run stamp a slot's rows apart only by their own writes: a renewal of unknown outcome reads back the twin's row as its own, and its Release frees a slot the twin still holds.",
-		Pkg:    ".", Tests: []string{"TestSlotsTwinRowIsNeverTakenForOwnRenewal"},
-	},
-	{
 		Name:   "batch-renews-two-leases-of-a-run",
 		File:   "renewer_batch.go",
 		Old:    "batched[bk] = struct{}{}",
@@ -529,8 +521,8 @@ var catalog = []mutation{
 		File:   "lineage.go",
 		Old:    "k := lineageKey{store: storeIdentity(store), key",
 		New:    "k := lineageKey{store: store, key",
-		Breaks: "A store and a decorator that says it wraps it stamp apart: a run's successor claiming through the decorator stamps its predecessor's renewal in doubt, whose release then deletes the successor's slot.",
-		Pkg:    ".", Tests: []string{"TestSlotsOfOneRunThroughAWrapperAreStampedApart"},
+		Breaks: "A store and a decorator that says it wraps it stamp apart: a Lease acquiring through the store, after a Lease of the same holder through the decorator had its renewal in doubt and its row pruned, sends that renewal's very bytes, and the stale Lease takes the new row for its own and renews over it.",
+		Pkg:    ".", Tests: []string{"TestLineageLeasesThroughAWrapperAndItsStoreAreStampedApart"},
 	},
 	{
 		Name:   "own-row-by-holder-and-fence",
@@ -774,8 +766,8 @@ var catalog = []mutation{
 		File:   "queue_wait.go",
 		Old:    "conds, ops = append(conds, Cond{Key: mk, Value: seen}), append(ops, Put(mk, marks[i]))",
 		New:    "ops = append(ops, Put(mk, marks[i]))",
-		Breaks: "A new place (or an admission without waiting) moves its principal's mark without checking the mark it read, so two overlapping enqueues of one principal take the same fair-share tag and the principal gets two runs for one share.",
-		Pkg:    ".", Tests: lineTests,
+		Breaks: "A new place (or an admission without waiting) moves its principal's mark without checking the mark it read, so two overlapping enqueues of one principal through two Store values (a process's own waiters of a principal take turns) take the same fair-share tag and the principal gets two runs for one share.",
+		Pkg:    ".", Tests: with(lineTests, "TestEnqueuesOfOnePrincipalThroughTwoStoresNeverShareATag"),
 	},
 	{
 		Name:   "head-not-read-past-expired",
