@@ -40,13 +40,19 @@ import (
 // A key stays in doubt until a write of it changes its row and is
 // acknowledged (that commit waited for the standby after every earlier
 // commit of the key), or until a barrier read finds the backend that ran
-// the write in doubt done: the barrier's statement looks the backend up in
-// pg_stat_activity before it commits, so a backend gone or idle then has
+// the write in doubt gone: the barrier's statement looks the backend up in
+// pg_stat_activity before it commits, so a backend that has exited by then
 // committed or rolled back before the barrier did, and the barrier's
-// confirmed commit covers its write. Every read-back of a write in doubt
-// thus settles the doubts noted before it, including those of keys no
-// call reads or writes again (a run given up), so the set does not grow
-// with the process's lifetime.
+// confirmed commit covers its write. (An idle backend is not enough: the
+// write may still wait unread on its connection.) A write of unknown
+// outcome leaves its connection broken, and the pool destroys it, so its
+// backend exits soon; every read-back of a write in doubt thus settles the
+// doubts noted before it whose backends have gone, including those of keys
+// no call reads or writes again (a run given up), so the set does not grow
+// with the process's lifetime. A key may have several writes in doubt, on
+// several backends: it is settled once every one of them has gone. Behind
+// a pooler whose backend ids are its own, only a later landed write takes
+// a key out of doubt.
 //
 // The barrier writes a WAL message (pg_logical_emit_message, which every
 // role may call unless revoked): a transaction that only took a
@@ -58,16 +64,22 @@ import (
 // server's answer is then a success, with only a warning, which a pool the
 // store does not configure does not pass on.
 //
-// Its last column lists, of the backends $2, those still busy: in a
-// transaction, or whose state this role may not see (its own backend is
-// not: a write that ran on it ended before this statement began).
+// Its last column lists, of the backends $2, those still there, other than
+// its own (a write that ran on its own backend ended before this statement
+// began). A backend that is there may have the write still to read, even
+// while idle: only a backend that has exited can commit nothing more. The
+// column before it is its own backend's id, which must be the one the
+// connection announced: behind a pooler that hands out backend ids of its
+// own (PgBouncer), the ids the writes were noted with are not the server's,
+// and nothing is settled this way.
+
 const pgGetDurable = `SELECT (SELECT value FROM %s WHERE key = $1), pg_logical_emit_message(true, 'runlease', 'barrier'), ` + pgDurable +
-	`, (SELECT string_agg(pid::text, ',') FROM pg_stat_activity WHERE pid = ANY($2::int4[]) AND pid <> pg_backend_pid() AND state IS DISTINCT FROM 'idle')`
+	`, pg_backend_pid(), (SELECT string_agg(pid::text, ',') FROM pg_stat_activity WHERE pid = ANY($2::int4[]) AND pid <> pg_backend_pid())`
 
 // pgDoubts is the set of keys in doubt. mu is a leaf lock.
 type pgDoubts struct {
 	mu   sync.Mutex
-	keys map[string]pgDoubt
+	keys map[string][]pgDoubt
 	gen  uint64 // notes made so far
 	// size is len(keys), kept beside it so that a write that landed, the
 	// common case, clears nothing and takes no lock while no key is in
@@ -75,8 +87,9 @@ type pgDoubts struct {
 	size atomic.Int64
 }
 
-// pgDoubt is why a key is in doubt: the last write of it whose outcome is
-// unknown ran on backend pid, and was noted as the gen-th note.
+// pgDoubt is a write of a key whose outcome is unknown: it ran on backend
+// pid, and was noted by the gen-th note. A key is in doubt while any of its
+// writes is.
 type pgDoubt struct {
 	pid uint32
 	gen uint64
@@ -99,9 +112,9 @@ func (d *pgDoubts) note(err error, landed bool, pid uint32, keys ...string) {
 			continue
 		}
 		if d.keys == nil {
-			d.keys = map[string]pgDoubt{}
+			d.keys = map[string][]pgDoubt{}
 		}
-		d.keys[k] = pgDoubt{pid: pid, gen: d.gen}
+		d.keys[k] = append(d.keys[k], pgDoubt{pid: pid, gen: d.gen})
 	}
 	d.size.Store(int64(len(d.keys)))
 }
@@ -111,25 +124,33 @@ func (d *pgDoubts) note(err error, landed bool, pid uint32, keys ...string) {
 func (d *pgDoubts) backends() (pids []int32, gen uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, doubt := range d.keys {
-		if !slices.Contains(pids, int32(doubt.pid)) {
-			pids = append(pids, int32(doubt.pid))
+	for _, writes := range d.keys {
+		for _, w := range writes {
+			if !slices.Contains(pids, int32(w.pid)) {
+				pids = append(pids, int32(w.pid))
+			}
 		}
 	}
 	return pids, d.gen
 }
 
-// settle takes out of doubt every key noted by note gen or earlier whose
-// backend was asked about (pids) and was not busy: a barrier that looked
-// before it committed found that backend's transaction over, and the
-// standby confirmed the barrier's commit, so whatever that write committed
-// is there too. A key noted again since keeps its doubt.
+// settle forgets every write in doubt noted by note gen or earlier whose
+// backend was asked about (pids) and was not there (busy lists those that
+// were): a barrier that looked before it committed found that backend
+// gone, and the standby confirmed the barrier's commit, so whatever that
+// write committed is there too. A key leaves the set once none of its
+// writes is left; a write noted since, on whatever backend, keeps it.
 func (d *pgDoubts) settle(gen uint64, pids []int32, busy []int32) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for k, doubt := range d.keys {
-		if doubt.gen <= gen && slices.Contains(pids, int32(doubt.pid)) && !slices.Contains(busy, int32(doubt.pid)) {
+	for k, writes := range d.keys {
+		writes = slices.DeleteFunc(writes, func(w pgDoubt) bool {
+			return w.gen <= gen && slices.Contains(pids, int32(w.pid)) && !slices.Contains(busy, int32(w.pid))
+		})
+		if len(writes) == 0 {
 			delete(d.keys, k)
+		} else {
+			d.keys[k] = writes
 		}
 	}
 	d.size.Store(int64(len(d.keys)))
@@ -160,6 +181,7 @@ func (s *PostgresStore) getDurable(ctx context.Context, key string) (string, boo
 	var found bool
 	pids, gen := s.doubts.backends()
 	var busy []int32
+	serverIDs := false // the connection's backend id is the server's own
 	err := s.do(ctx, "MetaGet", key, false, func(c *pgx.Conn) error {
 		res, err := send(ctx, c, pgStmt{s.q.getDurable, []any{key, pids}})
 		if err != nil {
@@ -177,13 +199,20 @@ func (s *PostgresStore) getDurable(ctx context.Context, key string) (string, boo
 		if row[0] != nil {
 			v, found = string(row[0]), true
 		}
+		own, err := parsePIDs(row[len(row)-2])
+		if err != nil {
+			return err
+		}
+		serverIDs = len(own) == 1 && uint32(own[0]) == c.PgConn().PID()
 		busy, err = parsePIDs(row[len(row)-1])
 		return err
 	})
 	if err != nil {
 		return "", false, err
 	}
-	s.doubts.settle(gen, pids, busy)
+	if serverIDs {
+		s.doubts.settle(gen, pids, busy)
+	}
 	return v, found, nil
 }
 
