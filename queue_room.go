@@ -147,7 +147,11 @@ func joinRoom(store Store, sc Scope, wake chan struct{}) *room {
 	<-r.ready
 	r.mu.Lock()
 	r.waiters[wake] = struct{}{}
-	r.depth = max(r.depth, headDepth(sc))
+	if d := headDepth(sc); d > r.depth {
+		// Members the deeper window takes in are near now: they look.
+		r.depth = d
+		r.order.first(d, wakeUp)
+	}
 	r.mu.Unlock()
 	joined = true
 	return r
@@ -189,18 +193,12 @@ func (r *room) ring() {
 	defer r.mu.Unlock()
 	r.ringSeq = roomTick()
 	r.rings++
-	wake := func(w chan struct{}) {
-		select {
-		case w <- struct{}{}:
-		default:
-		}
-	}
 	for w := range r.waiters {
 		if _, placed := r.placed[w]; !placed {
-			wake(w)
+			wakeUp(w)
 		}
 	}
-	r.order.first(r.depth, wake)
+	r.order.first(r.depth, wakeUp)
 }
 
 // leaveRooms takes the waiter whose wake-up channel is wake out of rs. The
@@ -246,10 +244,29 @@ func (r *room) place(wake chan struct{}, key string) {
 	}
 }
 
+// unplaceLocked takes the member's place out of the order. A member that
+// was among the first depth lets the next one in, which is woken: a member
+// further back sleeps through its polls (sleepRenewing) and counts on this
+// wake-up to look once it is near. r.mu is held.
 func (r *room) unplaceLocked(wake chan struct{}) {
-	if old, ok := r.placed[wake]; ok {
-		r.order.remove(old, wake)
-		delete(r.placed, wake)
+	old, ok := r.placed[wake]
+	if !ok {
+		return
+	}
+	wasNear := r.order.within(r.depth, old, wake)
+	r.order.remove(old, wake)
+	delete(r.placed, wake)
+	if next := r.order.nth(r.depth - 1); wasNear && next != nil {
+		wakeUp(next)
+	}
+}
+
+// wakeUp sends a wake-up on w without blocking: the channel holds one, and
+// a member that has one pending looks anyway.
+func wakeUp(w chan struct{}) {
+	select {
+	case w <- struct{}{}:
+	default:
 	}
 }
 

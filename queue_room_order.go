@@ -99,6 +99,18 @@ func (o *memberOrder) first(n int, f func(chan struct{})) {
 	}
 }
 
+// nth returns the wake channel of the member at index i, nil if there are
+// not that many.
+func (o *memberOrder) nth(i int) chan struct{} {
+	for _, chunk := range o.chunks {
+		if i < len(chunk) {
+			return chunk[i].wake
+		}
+		i -= len(chunk)
+	}
+	return nil
+}
+
 // within reports whether wake at key is among the first n members.
 func (o *memberOrder) within(n int, key string, wake chan struct{}) bool {
 	in := false

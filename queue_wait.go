@@ -884,9 +884,11 @@ func (w *waiter) sleepRenewing(ctx context.Context, nextMS int64) error {
 		if err == nil && poll && w.queued && !w.stalled() && !w.near() {
 			// A poll of a waiter far from the head: waiters of its own
 			// process rank ahead of it, more than could be admitted, and
-			// they look (and ring as they leave). Its renewals keep its
-			// place meanwhile; it looks once it is near.
-			pollAt = time.Now().Add(jitter(w.s.o.poll))
+			// they look. It polls no more: its renewals keep its place,
+			// and the room wakes it when a waiter ahead leaves the first
+			// ones and lets it in (room.unplaceLocked), so a process of
+			// 100,000 waiters does not wake each of them every poll.
+			pollAt = time.Now().Add(w.s.o.ttl)
 			continue
 		}
 		if err != nil || !renew || !w.queued || w.stalled() {
