@@ -84,10 +84,18 @@ func TestARingWakesTheMembersNearTheHead(t *testing.T) {
 	<-unplaced
 	require.True(t, r.near(placed[2]))
 	require.False(t, r.near(placed[3]))
-	// The first leaves the room and the 500th moves ahead of everyone.
+	// A member far back leaves: nobody's place among the first changes.
+	delete(r.waiters, placed[700])
+	r.unplaceLocked(placed[700])
+	require.Empty(t, woken())
+	// The first leaves the room, which lets the fourth in: it is woken,
+	// since far members do not poll.
 	delete(r.waiters, placed[0])
 	r.unplaceLocked(placed[0])
+	require.Equal(t, []int{3}, woken())
+	// The 500th moves ahead of everyone (its old place was far back).
 	r.place(placed[500], "k0")
+	require.Empty(t, woken())
 	r.ring()
 	require.Equal(t, []int{1, 2, 500}, woken())
 }
