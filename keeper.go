@@ -320,7 +320,9 @@ func (k *Keeper) TrustedUntil() time.Time {
 // renewal the keeper's lease shares with other leases of a Renewer (a
 // batch) is not waited for: it is cut short once none of its keepers runs,
 // and records its outcome on the Lease, whose next call waits for it (or for
-// that call's context). Stopping an ended keeper ends nothing more.
+// that call's context). Stopping an ended keeper ends nothing more; a keeper
+// stopped after its lease was found lost, before the loss reached it, ends
+// with the loss (Err, and its Lost hook), not [ErrKeeperStopped].
 //
 // Stop, and so Release, may be called from a hook of the keeper or of
 // another keeper of its lease. Called while a hook of a keeper of its lease

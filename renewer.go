@@ -461,6 +461,14 @@ func (r *Renewer) endLockedOn(k *Keeper, err error) func(host *Renewer) {
 	if k.err != nil {
 		return func(*Renewer) {}
 	}
+	if errors.Is(err, ErrKeeperStopped) {
+		// Stopped after its lease was found lost, before the loss reached
+		// it (a hook of another keeper of the lease may stop it
+		// meanwhile): the loss is why it ended.
+		if lost := k.lease.state().lost; lost != nil {
+			err = lost
+		}
+	}
 	k.err, k.endedAt = err, time.Now()
 	if k.bucket != nil {
 		r.queue.remove(k)
