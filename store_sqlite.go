@@ -84,6 +84,9 @@ type SQLiteStore struct {
 type sqliteStmts struct {
 	get, insert, update, del, scan, scanOpen *sql.Stmt
 	ranges                                   sqliteRangeStmts // store_sqlite_range.go
+	// A batch's reads and writes, on the writing pool: prepared once, as
+	// the embedded driver would otherwise compile them at every use.
+	getW, deleteAny, upsert *sql.Stmt
 	// A group commit's savepoints, prepared once rather than parsed for
 	// every write of every group.
 	savepoint, release, undo *sql.Stmt
@@ -236,6 +239,10 @@ func newSQLiteStore(path string, w, r *sql.DB, readConns int) (*SQLiteStore, err
 		scan:     prepare(r, sqliteScan),
 		scanOpen: prepare(r, sqliteScanOpen),
 		ranges:   prepareRanges(prepare, r),
+
+		getW:      prepare(w, sqliteGet),
+		deleteAny: prepare(w, sqliteDeleteAny),
+		upsert:    prepare(w, sqliteUpsert),
 
 		savepoint: prepare(w, sqliteSavepoint),
 		release:   prepare(w, sqliteRelease),

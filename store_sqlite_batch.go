@@ -33,7 +33,7 @@ func (s *SQLiteStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (bo
 				_ = tx.Rollback()
 			}
 		}()
-		ok, key, err := s.batchIn(ctx, tx, conds, ops)
+		ok, key, err := s.batchIn(ctx, &sqliteTx{tx: tx}, conds, ops)
 		if err != nil || !ok {
 			if err != nil {
 				err = s.txFault(ctx, "MetaBatch", key, err)
@@ -50,7 +50,7 @@ func (s *SQLiteStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (bo
 		return nil
 	}
 	c.inTx = func(t *sqliteTx, c *groupCall) error {
-		ok, _, err := s.batchIn(context.Background(), t.tx, conds, ops)
+		ok, _, err := s.batchIn(context.Background(), t, conds, ops)
 		c.res.ok, c.res.wrote = ok && err == nil, ok && err == nil
 		return err
 	}
@@ -58,12 +58,12 @@ func (s *SQLiteStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (bo
 	return res.ok, err
 }
 
-// batchIn checks the conditions of a batch in tx and, if they all hold,
+// batchIn checks the conditions of a batch in t and, if they all hold,
 // applies its ops; on a failure it returns the key at fault.
-func (s *SQLiteStore) batchIn(ctx context.Context, tx *sql.Tx, conds []Cond, ops []Op) (applied bool, key string, err error) {
+func (s *SQLiteStore) batchIn(ctx context.Context, t *sqliteTx, conds []Cond, ops []Op) (applied bool, key string, err error) {
 	for _, c := range conds {
 		var v string
-		err := tx.QueryRowContext(ctx, sqliteGet, c.Key).Scan(&v)
+		err := t.stmtCtx(ctx, &t.get, s.stmts.getW).QueryRowContext(ctx, c.Key).Scan(&v)
 		found := err == nil
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return false, c.Key, err
@@ -73,19 +73,19 @@ func (s *SQLiteStore) batchIn(ctx context.Context, tx *sql.Tx, conds []Cond, ops
 		}
 	}
 	for _, op := range ops {
-		if err := s.batchOp(ctx, tx, op); err != nil {
+		if err := s.batchOp(ctx, t, op); err != nil {
 			return false, op.Key, err
 		}
 	}
 	return true, "", nil
 }
 
-func (s *SQLiteStore) batchOp(ctx context.Context, tx *sql.Tx, op Op) error {
+func (s *SQLiteStore) batchOp(ctx context.Context, t *sqliteTx, op Op) error {
 	if op.Delete {
-		_, err := tx.ExecContext(ctx, sqliteDeleteAny, op.Key)
+		_, err := t.stmtCtx(ctx, &t.deleteAny, s.stmts.deleteAny).ExecContext(ctx, op.Key)
 		return err
 	}
-	_, err := tx.ExecContext(ctx, sqliteUpsert, op.Key, op.Value)
+	_, err := t.stmtCtx(ctx, &t.upsert, s.stmts.upsert).ExecContext(ctx, op.Key, op.Value)
 	return err
 }
 

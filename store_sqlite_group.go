@@ -78,6 +78,7 @@ type groupQueue struct {
 type sqliteTx struct {
 	tx                       *sql.Tx
 	insert, update, del      *sql.Stmt
+	get, deleteAny, upsert   *sql.Stmt
 	savepoint, release, undo *sql.Stmt
 }
 
