@@ -227,7 +227,9 @@ func (w *World) beginClaim(a *actor, run string) {
 	for _, sc := range specs {
 		limits[sc.Name] = sc.Limit
 	}
-	w.launch(a, fmt.Sprintf("ClaimSlots %s %v", run, specs), callTimeout+promptly, func(ctx context.Context, o *op) error {
+	// A claim on a store without batches writes slot by slot and, cut
+	// short, puts back what it wrote within the take-back bound.
+	w.launch(a, fmt.Sprintf("ClaimSlots %s %v", run, specs), callTimeout+takeBack+promptly, func(ctx context.Context, o *op) error {
 		w.mu.Lock()
 		a.slotRun = run
 		w.claims[run] = &claimRec{limits: limits, interfered: map[string]bool{}}
