@@ -32,9 +32,11 @@ type scopeState struct {
 	marks     map[string]int64 // the claim's principal's finish, when read
 	clock     int64            // the scope's virtual time of the last admission
 	// prioTag is the smallest tag of a live entry of another run at the
-	// claim's priority, when prioSeen.
-	prioTag  int64
-	prioSeen bool
+	// claim's priority, when prioSeen; prioKey and prioRaw are that
+	// entry's row.
+	prioTag          int64
+	prioSeen         bool
+	prioKey, prioRaw string
 	place    *placeRow   // the run's place row, when read and it parses
 	legacy   *queueEntry // the run's live legacy entry, when read
 	// displaced is the live entry of an older driver's waiter of the run,
@@ -186,7 +188,7 @@ func (st *scopeState) decodeOwn(sc Scope, runID string, own *ownRows) {
 		if err != nil || !e.live(st.nowMS) || e.Run == runID {
 			continue
 		}
-		st.prioTag, st.prioSeen = e.Tag, true
+		st.prioTag, st.prioSeen, st.prioKey, st.prioRaw = e.Tag, true, r.Key, r.Value
 		return
 	}
 }

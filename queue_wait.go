@@ -673,6 +673,37 @@ func (w *waiter) markWrites(states []*scopeState, rank *queueEntry) ([]Cond, []O
 	return conds, ops, marks, prev
 }
 
+// virtualTimeConds returns the conditions that keep a new place at rank
+// from landing on a virtual time that has moved on since it was read: in
+// each scope where the rank is ahead of the principal's mark (the
+// principal had nothing waiting, and starts at the head), the row it was
+// read from must still be there as read: the first entry waiting at the
+// priority, or the scope's clock when none waited. An admission in between
+// (which takes that entry out, or moves the clock) refuses the place, and
+// the waiter reads again, so a principal back from idle never ranks ahead
+// of the head it would find.
+func (w *waiter) virtualTimeConds(states []*scopeState, rank *queueEntry) []Cond {
+	var conds []Cond
+	for i, sc := range w.scopes {
+		st := states[i]
+		if mark, ok := st.marks[rank.Principal]; ok && rank.Tag <= mark {
+			continue // ranked from its own mark
+		}
+		if st.prioSeen {
+			raw := st.prioRaw
+			conds = append(conds, Cond{Key: st.prioKey, Value: &raw})
+			continue
+		}
+		ck := clockKey(sc.name)
+		if raw, ok := st.entryRows[ck]; ok {
+			conds = append(conds, Cond{Key: ck, Value: &raw})
+		} else if _, bad := st.badRows[ck]; !bad {
+			conds = append(conds, Cond{Key: ck})
+		}
+	}
+	return conds
+}
+
 // freePending deletes the slots of an admission whose outcome was not
 // known, where they hold the rows it sent, with a context of its own.
 func (w *waiter) freePending(ctx context.Context) {
@@ -961,6 +992,7 @@ func (w *waiter) putPlace(ctx context.Context, states []*scopeState, rank *queue
 		var mops []Op
 		mconds, mops, marks, prev = w.markWrites(states, &next)
 		conds, ops = append(conds, mconds...), append(ops, mops...)
+		conds = append(conds, w.virtualTimeConds(states, &next)...)
 		for i, k := range keys {
 			// leave looks for every place this waiter may have left: the
 			// one it tries now, and the one it held before.
