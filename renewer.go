@@ -462,10 +462,11 @@ func (r *Renewer) endLockedOn(k *Keeper, err error) func(host *Renewer) {
 		return func(*Renewer) {}
 	}
 	if errors.Is(err, ErrKeeperStopped) {
-		// Stopped after its lease was found lost, before the loss reached
-		// it (a hook of another keeper of the lease may stop it
-		// meanwhile): the loss is why it ended.
-		if lost := k.lease.state().lost; lost != nil {
+		// Stopped after its lease was found lost to others, before the
+		// loss reached it (a hook of another keeper of the lease may stop
+		// it meanwhile): the loss is why it ended. The driver's own
+		// release is no loss (lostToOthers).
+		if lost := k.lease.lostToOthers(); lost != nil {
 			err = lost
 		}
 	}
