@@ -37,8 +37,8 @@ type scopeState struct {
 	prioTag          int64
 	prioSeen         bool
 	prioKey, prioRaw string
-	place    *placeRow   // the run's place row, when read and it parses
-	legacy   *queueEntry // the run's live legacy entry, when read
+	place            *placeRow   // the run's place row, when read and it parses
+	legacy           *queueEntry // the run's live legacy entry, when read
 	// displaced is the live entry of an older driver's waiter of the run,
 	// whose place a waiter takes (aloneInQueue).
 	displaced *Row
