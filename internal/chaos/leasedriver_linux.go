@@ -80,7 +80,10 @@ func (d *leaseDriver) tenure() {
 	lease, err := runlease.AcquireWait(acqCtx, d.r.Store, d.run, d.holder, runlease.WithTTL(d.ttl))
 	t1 := history.Mono() // after Acquire returned: see Tenure
 	if err != nil {
-		if acqCtx.Err() == nil {
+		// A deadline counts as ended once it has passed, before the
+		// context's own timer says so: AcquireWait then returns the
+		// deadline's error, which is the end of the tenures, not a fault.
+		if acqCtx.Err() == nil && time.Now().Before(d.r.StopAt) {
 			d.r.Out.Errorf("acquire %s: %v", d.run, err)
 			Sleep(acqCtx, 100*time.Millisecond)
 		}
