@@ -177,21 +177,8 @@ func TestPostgresDoubtKeptWhileTheWriteWaitsUnreadOnAnIdleBackend(t *testing.T) 
 	p := c.Conn().PgConn().PID()
 	c.Release()
 	require.Equal(t, "idle", state(p))
-	require.NoError(t, syscall.Kill(int(p), syscall.SIGSTOP))
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			require.NoError(t, syscall.Kill(int(p), syscall.SIGCONT))
-		}
-	}
-	t.Cleanup(resume)
-
-	c1, cancel1 := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = s.MetaCAS(c1, key, ptrTo("v0"), "v1")
-	cancel1()
-	require.True(t, IsOutcomeUnknown(err), "write: %v", err)
-	require.True(t, s.doubts.has(key))
+	resume := stopBackend(t, p)
+	writeInDoubt(t, s, key)
 	require.Equal(t, "idle", state(p), "the backend has not read the write yet")
 
 	v, _, err := s.MetaGet(ctx, key) // the barrier
@@ -239,20 +226,8 @@ func TestPostgresDoubtSettledWriteIsLostInAFailover(t *testing.T) {
 	require.NoError(t, err)
 	p := c.Conn().PgConn().PID()
 	c.Release()
-	require.NoError(t, syscall.Kill(int(p), syscall.SIGSTOP))
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			require.NoError(t, syscall.Kill(int(p), syscall.SIGCONT))
-		}
-	}
-	t.Cleanup(resume)
-
-	c1, cancel1 := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = s.MetaCAS(c1, key, ptrTo("v0"), "v1")
-	cancel1()
-	require.True(t, IsOutcomeUnknown(err), "write: %v", err)
+	resume := stopBackend(t, p)
+	writeInDoubt(t, s, key)
 	v, _, err := s.MetaGet(ctx, key) // the barrier, the standby up
 	require.NoError(t, err)
 	require.Equal(t, "v0", v)
@@ -424,21 +399,8 @@ func TestPostgresDoubtKeptBehindAPoolerThatGivesBackendKeysOfItsOwn(t *testing.T
 	p := proxy.serverKey(seen).ProcessID
 	require.NotZero(t, p)
 	require.NotEqual(t, seen, p)
-	require.NoError(t, syscall.Kill(int(p), syscall.SIGSTOP))
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			require.NoError(t, syscall.Kill(int(p), syscall.SIGCONT))
-		}
-	}
-	t.Cleanup(resume)
-
-	c1, cancel1 := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = s.MetaCAS(c1, key, ptrTo("v0"), "v1")
-	cancel1()
-	require.True(t, IsOutcomeUnknown(err), "write: %v", err)
-	require.True(t, s.doubts.has(key))
+	resume := stopBackend(t, p)
+	writeInDoubt(t, s, key)
 	v, _, err := s.MetaGet(ctx, key) // the barrier
 	require.NoError(t, err)
 	require.Equal(t, "v0", v)
@@ -455,4 +417,31 @@ func TestPostgresDoubtKeptBehindAPoolerThatGivesBackendKeysOfItsOwn(t *testing.T
 	}, 10*time.Second, 20*time.Millisecond, "the backend runs the write once resumed")
 	require.True(t, inDoubt,
 		"key settled by a barrier that looked up the pooler's pid %d, while server backend %d had the write still to run; it committed it after the barrier", seen, p)
+}
+
+// stopBackend stops the server backend p (SIGSTOP), and returns what
+// resumes it, once, which t's clean-up also calls.
+func stopBackend(t *testing.T, p uint32) (resume func()) {
+	t.Helper()
+	require.NoError(t, syscall.Kill(int(p), syscall.SIGSTOP))
+	resumed := false
+	resume = func() {
+		if !resumed {
+			resumed = true
+			require.NoError(t, syscall.Kill(int(p), syscall.SIGCONT))
+		}
+	}
+	t.Cleanup(resume)
+	return resume
+}
+
+// writeInDoubt writes key from v0 to v1 with a context that ends before
+// the reply comes back: an unknown outcome, which puts key in doubt.
+func writeInDoubt(t *testing.T, s *PostgresStore, key string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	_, err := s.MetaCAS(ctx, key, ptrTo("v0"), "v1")
+	require.True(t, IsOutcomeUnknown(err), "write: %v", err)
+	require.True(t, s.doubts.has(key))
 }
