@@ -63,21 +63,7 @@ func TestPostgresDoubtKeptWhileAnEarlierWriteOfTheKeyStillRuns(t *testing.T) {
 	_, err = holder.Exec(ctx, "SELECT 1 FROM "+table+" WHERE key = $1 FOR UPDATE", key)
 	require.NoError(t, err)
 
-	admin, err := pgx.Connect(ctx, pgtest.DSN(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { admin.Close(context.Background()) })
-	state := func(pid uint32) string {
-		var st *string
-		err := admin.QueryRow(ctx, "SELECT state FROM pg_stat_activity WHERE pid = $1", int32(pid)).Scan(&st)
-		if err == pgx.ErrNoRows {
-			return "gone"
-		}
-		require.NoError(t, err)
-		if st == nil {
-			return "null"
-		}
-		return *st
-	}
+	state := backendState(t, pgtest.DSN(t))
 	pidOf := func() uint32 {
 		s.doubts.mu.Lock()
 		defer s.doubts.mu.Unlock()
@@ -156,21 +142,7 @@ func TestPostgresDoubtKeptWhileTheWriteWaitsUnreadOnAnIdleBackend(t *testing.T) 
 	require.NoError(t, err)
 	require.True(t, ok)
 
-	admin, err := pgx.Connect(ctx, dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { admin.Close(context.Background()) })
-	state := func(pid uint32) string {
-		var st *string
-		err := admin.QueryRow(ctx, "SELECT state FROM pg_stat_activity WHERE pid = $1", int32(pid)).Scan(&st)
-		if err == pgx.ErrNoRows {
-			return "gone"
-		}
-		require.NoError(t, err)
-		if st == nil {
-			return "null"
-		}
-		return *st
-	}
+	state := backendState(t, dsn)
 
 	c, err := pool.Acquire(ctx)
 	require.NoError(t, err)
@@ -444,4 +416,26 @@ func writeInDoubt(t *testing.T, s *PostgresStore, key string) {
 	_, err := s.MetaCAS(ctx, key, ptrTo("v0"), "v1")
 	require.True(t, IsOutcomeUnknown(err), "write: %v", err)
 	require.True(t, s.doubts.has(key))
+}
+
+// backendState returns what tells the state of a server backend, by its
+// pg_stat_activity row, read on a connection of its own to dsn: "gone"
+// once the backend has exited, "null" when its state is hidden.
+func backendState(t *testing.T, dsn string) func(pid uint32) string {
+	t.Helper()
+	admin, err := pgx.Connect(t.Context(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	return func(pid uint32) string {
+		var st *string
+		err := admin.QueryRow(t.Context(), "SELECT state FROM pg_stat_activity WHERE pid = $1", int32(pid)).Scan(&st)
+		if err == pgx.ErrNoRows {
+			return "gone"
+		}
+		require.NoError(t, err)
+		if st == nil {
+			return "null"
+		}
+		return *st
+	}
 }
