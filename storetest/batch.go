@@ -20,16 +20,7 @@ import (
 // testBatch checks the optional [runlease.Batcher] capability, when the
 // store has it: all or nothing, isolated from every other call.
 func testBatch(t *testing.T, newStore newStoreFunc) {
-	batcher := func(t *testing.T, s runlease.Store) runlease.Batcher {
-		b, ok := s.(runlease.Batcher)
-		if !ok {
-			t.Skip("the store does not implement runlease.Batcher")
-		}
-		return b
-	}
-	with := func(fn func(t *testing.T, s runlease.Store, b runlease.Batcher)) func(*testing.T) {
-		return parallel(newStore, func(t *testing.T, s runlease.Store) { fn(t, s, batcher(t, s)) })
-	}
+	with := withCapability[runlease.Batcher](newStore)
 	t.Run("conditions_that_hold_apply_every_op", with(testBatchApplies))
 	t.Run("a_failed_condition_writes_nothing", with(testBatchRefuses))
 	t.Run("bad_batches_are_refused_and_write_nothing", with(testBatchBadInput))
@@ -107,18 +98,32 @@ func testBatchBadInput(t *testing.T, s runlease.Store, b runlease.Batcher) {
 // beside them. Any batch that applied in part, or two writers that both
 // won against one value, breaks the final sum.
 func testBatchAtomicity(t *testing.T, s runlease.Store, b runlease.Batcher) {
-	const counters, writers, rounds = 6, 16, 40
+	const counters = 6
+	var batched, single atomic.Int64
+	sum := raceCounters(t, s, counters, 16, 40, 7, func(ctx context.Context, w int, rng *rand.Rand, key func(int) string) error {
+		return batchIncrement(ctx, s, b, rng, key, counters, w%4 == 0, &batched, &single)
+	})
+	require.Equal(t, int(2*batched.Load()+single.Load()), sum, "every applied write counted once, no partial batch")
+	require.Positive(t, batched.Load())
+}
+
+// raceCounters creates counters rows holding "0", has writers goroutines
+// make rounds increments each with inc (given the writer's number, a
+// generator seeded by it and seed, and the counters' keys), and returns
+// the counters' sum once all are done. A writer stops at its first error,
+// which fails t.
+func raceCounters(t *testing.T, s runlease.Store, counters, writers, rounds int, seed uint64,
+	inc func(ctx context.Context, w int, rng *rand.Rand, key func(int) string) error) int {
 	key := func(i int) string { return "counter/" + strconv.Itoa(i) }
 	for i := range counters {
 		create(t, s, key(i), "0")
 	}
-	var batched, single atomic.Int64
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			rng := rand.New(rand.NewPCG(uint64(w), seed))
 			for range rounds {
-				if err := batchIncrement(t.Context(), s, b, rng, key, counters, w%4 == 0, &batched, &single); err != nil {
+				if err := inc(t.Context(), w, rng, key); err != nil {
 					assert.NoError(t, err)
 					return
 				}
@@ -133,8 +138,7 @@ func testBatchAtomicity(t *testing.T, s runlease.Store, b runlease.Batcher) {
 		require.NoError(t, err)
 		sum += n
 	}
-	require.Equal(t, int(2*batched.Load()+single.Load()), sum, "every applied write counted once, no partial batch")
-	require.Positive(t, batched.Load())
+	return sum
 }
 
 func batchIncrement(ctx context.Context, s runlease.Store, b runlease.Batcher, rng *rand.Rand,

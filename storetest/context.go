@@ -3,7 +3,6 @@ package storetest
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -118,20 +117,15 @@ func testCancelledContext(t *testing.T, newStore newStoreFunc) {
 // *StorageError that matches the context's error, whichever step of the
 // call the context ended in.
 func testCutCalls(t *testing.T, s runlease.Store) {
-	cases := writeCases(s)
-	took := timeWrites(t, s, cases)
 	failed := 0
-	for i := range cutCalls() {
-		c := cases[i%len(cases)]
-		p := fmt.Sprintf("cut/%s/%d/", c.name, i)
-		c.prepare(t, s, p)
+	cutRounds(t, s, func(c writeCase, p string, cut func() (context.Context, context.CancelFunc)) {
 		calls := []ctxCall{
 			{c.name, func(ctx context.Context, s runlease.Store) error { _, err := c.write(ctx, s, p); return err }},
 			{"MetaGet", func(ctx context.Context, s runlease.Store) error { _, _, err := s.MetaGet(ctx, p+"a"); return err }},
 			{"MetaScan", func(ctx context.Context, s runlease.Store) error { _, err := s.MetaScan(ctx, p); return err }},
 		}
 		for _, call := range calls {
-			ctx, cancel := cutContext(t, took[i%len(cases)])
+			ctx, cancel := cut()
 			err := call.call(ctx, s)
 			cerr := ctx.Err()
 			cancel()
@@ -144,6 +138,6 @@ func testCutCalls(t *testing.T, s runlease.Store) {
 			require.True(t, errors.As(err, &se), "%s cut short: a fault must be a *runlease.StorageError, got %T: %v", call.name, err, err)
 			require.ErrorIs(t, err, cerr, "%s cut short: the error of a call whose context ended must match the context's error", call.name)
 		}
-	}
+	})
 	t.Logf("%d of %d calls were cut short", failed, 3*cutCalls())
 }

@@ -113,35 +113,22 @@ func testInjected(t *testing.T, h Harness, kind FaultKind) {
 	require.Positive(t, struck, "%s never surfaced as an error, in %d tries of each write: Harness.Faulty's Inject does not reach the store", kind, faultTries)
 }
 
-// cutWrites is how many writes testCutWrites makes.
-func cutWrites() int {
-	if testing.Short() {
-		return 50
-	}
-	return 200
-}
-
 // testCutWrites gives writes a deadline within twice the time such a write
 // takes, so that some contexts end before, some during and some after the
 // call, and checks
 // every outcome against storage. (The cancelled_context group checks that
 // the errors match the context's.)
 func testCutWrites(t *testing.T, s runlease.Store) {
-	cases := writeCases(s)
-	took := timeWrites(t, s, cases)
 	failed := 0
-	for i := range cutCalls() {
-		c := cases[i%len(cases)]
-		p := fmt.Sprintf("cut/%s/%d/", c.name, i)
-		c.prepare(t, s, p)
-		ctx, cancel := cutContext(t, took[i%len(cases)])
+	cutRounds(t, s, func(c writeCase, p string, cut func() (context.Context, context.CancelFunc)) {
+		ctx, cancel := cut()
 		ok, err := c.write(ctx, s, p)
 		cancel()
 		judge(t, c, "a context that ended", ok, err, c.effect(t, s, p))
 		if err != nil {
 			failed++
 		}
-	}
+	})
 	t.Logf("%d of %d writes were cut short", failed, cutCalls())
 }
 

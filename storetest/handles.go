@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 
@@ -109,15 +108,10 @@ func testRacingHandles(t *testing.T, a, b runlease.Store) {
 	for round := range raceRounds() / 4 {
 		key := fmt.Sprintf("race/handles/%04d", round)
 		create(t, handles[round%2], key, "start")
-		n := racers(round)
-		won, errs := make([]bool, n), make([]error, n)
-		race(n, func(i int) {
-			won[i], errs[i] = handles[i%2].MetaCAS(t.Context(), key, ptr("start"), fmt.Sprintf("swapped by %d", i))
+		w := oneWinner(t, round, "swap over two handles", func(i int) (bool, error) {
+			return handles[i%2].MetaCAS(t.Context(), key, ptr("start"), fmt.Sprintf("swapped by %d", i))
 		})
-		require.NoError(t, errors.Join(errs...), "round %d, %d racers", round, n)
-		w := winners(won)
-		require.Len(t, w, 1, "round %d, %d racers over two handles: exactly one swap wins", round, n)
-		requireValue(t, a, key, fmt.Sprintf("swapped by %d", w[0]))
-		requireValue(t, b, key, fmt.Sprintf("swapped by %d", w[0]))
+		requireValue(t, a, key, fmt.Sprintf("swapped by %d", w))
+		requireValue(t, b, key, fmt.Sprintf("swapped by %d", w))
 	}
 }

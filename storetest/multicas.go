@@ -4,11 +4,9 @@ import (
 	"context"
 	"math/rand/v2"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
@@ -18,15 +16,7 @@ import (
 // the store has it: every write applied or not on its own, exactly as
 // MetaCAS would.
 func testMultiCAS(t *testing.T, newStore newStoreFunc) {
-	with := func(fn func(t *testing.T, s runlease.Store, m runlease.MultiCASer)) func(*testing.T) {
-		return parallel(newStore, func(t *testing.T, s runlease.Store) {
-			m, ok := s.(runlease.MultiCASer)
-			if !ok {
-				t.Skip("the store does not implement runlease.MultiCASer")
-			}
-			fn(t, s, m)
-		})
-	}
+	with := withCapability[runlease.MultiCASer](newStore)
 	t.Run("each_write_applies_on_its_own", with(testMultiCASEach))
 	t.Run("bad_writes_are_refused_and_write_nothing", with(testMultiCASBadInput))
 	t.Run("concurrent_writes_apply_once_per_expected_value", with(testMultiCASRace))
@@ -78,32 +68,11 @@ func testMultiCASBadInput(t *testing.T, s runlease.Store, m runlease.MultiCASer)
 // MetaCASMany over every counter at once and half with MetaCAS: the final
 // sum equals the number of increments reported applied.
 func testMultiCASRace(t *testing.T, s runlease.Store, m runlease.MultiCASer) {
-	const counters, writers, rounds = 6, 8, 30
-	key := func(i int) string { return "counter/" + strconv.Itoa(i) }
-	for i := range counters {
-		create(t, s, key(i), "0")
-	}
+	const counters = 6
 	var applied atomic.Int64
-	var wg sync.WaitGroup
-	for w := range writers {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 11))
-			for range rounds {
-				if err := multiIncrement(t.Context(), s, m, rng, key, counters, w%2 == 0, &applied); err != nil {
-					assert.NoError(t, err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	sum := 0
-	for i := range counters {
-		v, _ := get(t, s, key(i))
-		n, err := strconv.Atoi(v)
-		require.NoError(t, err)
-		sum += n
-	}
+	sum := raceCounters(t, s, counters, 8, 30, 11, func(ctx context.Context, w int, rng *rand.Rand, key func(int) string) error {
+		return multiIncrement(ctx, s, m, rng, key, counters, w%2 == 0, &applied)
+	})
 	require.Equal(t, int(applied.Load()), sum)
 }
 

@@ -59,19 +59,28 @@ func winners(won []bool) []int {
 // racers varies the number of goroutines from 2 to 8 with the round.
 func racers(round int) int { return 2 + round%7 }
 
+// oneWinner races the round's racers, racer i calling call(i), requires
+// that none of them fails and exactly one wins (the op, "create" say, names
+// the race in a failure), and returns the winner.
+func oneWinner(t *testing.T, round int, op string, call func(i int) (bool, error)) int {
+	t.Helper()
+	n := racers(round)
+	won, errs := make([]bool, n), make([]error, n)
+	race(n, func(i int) { won[i], errs[i] = call(i) })
+	require.NoError(t, errors.Join(errs...), "round %d, %d racers", round, n)
+	w := winners(won)
+	require.Len(t, w, 1, "round %d, %d racers: exactly one %s wins", round, n, op)
+	return w[0]
+}
+
 func testRaces(t *testing.T, newStore newStoreFunc) {
 	t.Run("a_lost_race_is_false_not_an_error", parallel(newStore, func(t *testing.T, s runlease.Store) {
 		for round := range raceRounds() {
 			key := fmt.Sprintf("race/create/%04d", round)
-			n := racers(round)
-			won, errs := make([]bool, n), make([]error, n)
-			race(n, func(i int) {
-				won[i], errs[i] = s.MetaCAS(t.Context(), key, nil, fmt.Sprintf("created by %d", i))
+			w := oneWinner(t, round, "create", func(i int) (bool, error) {
+				return s.MetaCAS(t.Context(), key, nil, fmt.Sprintf("created by %d", i))
 			})
-			require.NoError(t, errors.Join(errs...), "round %d, %d racers", round, n)
-			w := winners(won)
-			require.Len(t, w, 1, "round %d, %d racers: exactly one create wins", round, n)
-			requireValue(t, s, key, fmt.Sprintf("created by %d", w[0]))
+			requireValue(t, s, key, fmt.Sprintf("created by %d", w))
 		}
 	}))
 
@@ -79,15 +88,10 @@ func testRaces(t *testing.T, newStore newStoreFunc) {
 		for round := range raceRounds() / 4 {
 			key := fmt.Sprintf("race/swap/%04d", round)
 			create(t, s, key, "start")
-			n := racers(round)
-			won, errs := make([]bool, n), make([]error, n)
-			race(n, func(i int) {
-				won[i], errs[i] = s.MetaCAS(t.Context(), key, ptr("start"), fmt.Sprintf("swapped by %d", i))
+			w := oneWinner(t, round, "swap", func(i int) (bool, error) {
+				return s.MetaCAS(t.Context(), key, ptr("start"), fmt.Sprintf("swapped by %d", i))
 			})
-			require.NoError(t, errors.Join(errs...), "round %d, %d racers", round, n)
-			w := winners(won)
-			require.Len(t, w, 1, "round %d, %d racers: exactly one swap wins", round, n)
-			requireValue(t, s, key, fmt.Sprintf("swapped by %d", w[0]))
+			requireValue(t, s, key, fmt.Sprintf("swapped by %d", w))
 		}
 	}))
 
@@ -95,13 +99,7 @@ func testRaces(t *testing.T, newStore newStoreFunc) {
 		for round := range raceRounds() / 4 {
 			key := fmt.Sprintf("race/delete/%04d", round)
 			create(t, s, key, "doomed")
-			n := racers(round)
-			won, errs := make([]bool, n), make([]error, n)
-			race(n, func(i int) {
-				won[i], errs[i] = s.MetaDelete(t.Context(), key, "doomed")
-			})
-			require.NoError(t, errors.Join(errs...), "round %d, %d racers", round, n)
-			require.Len(t, winners(won), 1, "round %d, %d racers: exactly one delete wins", round, n)
+			oneWinner(t, round, "delete", func(i int) (bool, error) { return s.MetaDelete(t.Context(), key, "doomed") })
 			requireAbsent(t, s, key)
 		}
 	}))

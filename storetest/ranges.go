@@ -26,11 +26,7 @@ func testRanges(t *testing.T, newStore newStoreFunc) {
 	if _, ok := newStore(t).(runlease.RangeReader); !ok {
 		return
 	}
-	with := func(fn func(t *testing.T, s runlease.Store, r runlease.RangeReader)) func(*testing.T) {
-		return parallel(newStore, func(t *testing.T, s runlease.Store) {
-			fn(t, s, s.(runlease.RangeReader))
-		})
-	}
+	with := withCapability[runlease.RangeReader](newStore)
 	t.Run("each_range_returns_its_prefix's_scan_after_After_cut_at_Limit", with(testRangesOracle))
 	t.Run("a_range_of_a_large_prefix_reads_on_to_its_limit_or_its_end", with(testRangesLarge))
 	t.Run("ranges_of_one_call_each_return_their_own_rows_in_the_order_asked", with(testRangesMany))

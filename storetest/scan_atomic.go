@@ -47,11 +47,8 @@ func atomicScans() int {
 var atomicScansOverride int
 
 func testAtomicScan(t *testing.T, newStore newStoreFunc) {
-	t.Run("a_scan_sees_a_row_moved_by_batches_exactly_once", parallel(newStore, func(t *testing.T, s runlease.Store) {
-		b, ok := s.(runlease.Batcher)
-		if !ok {
-			t.Skip("the store does not implement runlease.Batcher")
-		}
+	withBatcher := withCapability[runlease.Batcher](newStore)
+	t.Run("a_scan_sees_a_row_moved_by_batches_exactly_once", withBatcher(func(t *testing.T, s runlease.Store, b runlease.Batcher) {
 		testScanUnderMoves(t, s, moveByBatch(b), 1, 1)
 	}))
 	// Without batches, a move is a create and then a delete, so the token

@@ -17,15 +17,7 @@ import (
 // Claims of slots and waiters read a scope's slots, queue and fair-share
 // marks with it, so a store that gets it wrong breaks the limit.
 func testScanMany(t *testing.T, newStore newStoreFunc) {
-	with := func(fn func(t *testing.T, s runlease.Store, m runlease.MultiScanner)) func(*testing.T) {
-		return parallel(newStore, func(t *testing.T, s runlease.Store) {
-			m, ok := s.(runlease.MultiScanner)
-			if !ok {
-				t.Skip("the store does not implement runlease.MultiScanner")
-			}
-			fn(t, s, m)
-		})
-	}
+	with := withCapability[runlease.MultiScanner](newStore)
 	t.Run("each_prefix_returns_what_its_own_scan_returns", with(testScanManyOracle))
 	t.Run("large_prefixes_are_returned_whole", with(testScanManyLarge))
 	t.Run("bad_input_is_refused_before_anything_is_read", with(testScanManyBadInput))

@@ -46,6 +46,7 @@
 package storetest
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -157,6 +158,21 @@ func parallel(newStore newStoreFunc, fn func(t *testing.T, s runlease.Store)) fu
 		s := newStore(t)
 		require.NotNil(t, s, "newStore returned a nil Store")
 		fn(t, s)
+	}
+}
+
+// withCapability returns a maker of subtest bodies that run in parallel,
+// each on a store of its own, and hand fn the store as its optional
+// capability C (runlease.Batcher, say); on a store without C they skip.
+func withCapability[C any](newStore newStoreFunc) func(fn func(t *testing.T, s runlease.Store, c C)) func(*testing.T) {
+	return func(fn func(t *testing.T, s runlease.Store, c C)) func(*testing.T) {
+		return parallel(newStore, func(t *testing.T, s runlease.Store) {
+			c, ok := s.(C)
+			if !ok {
+				t.Skipf("the store does not implement %v", reflect.TypeFor[C]())
+			}
+			fn(t, s, c)
+		})
 	}
 }
 

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -140,6 +141,21 @@ func cutCalls() int {
 // to.
 func cutContext(t *testing.T, d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(t.Context(), time.Duration(rand.Int64N(int64(2*d)+1)))
+}
+
+// cutRounds makes cutCalls() rounds over the writes of writeCases(s), in
+// turn, each prepared under a prefix of its own, and calls fn with the
+// round's write, its prefix, and a maker of contexts that end within twice
+// the time such a write takes (see cutContext).
+func cutRounds(t *testing.T, s runlease.Store, fn func(c writeCase, p string, cut func() (context.Context, context.CancelFunc))) {
+	cases := writeCases(s)
+	took := timeWrites(t, s, cases)
+	for i := range cutCalls() {
+		c := cases[i%len(cases)]
+		p := fmt.Sprintf("cut/%s/%d/", c.name, i)
+		c.prepare(t, s, p)
+		fn(c, p, func() (context.Context, context.CancelFunc) { return cutContext(t, took[i%len(cases)]) })
+	}
 }
 
 // timeWrites makes each write of cases once, uncut, and returns how long
