@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -30,9 +31,7 @@ import (
 // scope at once. A plain claim behind them is refused with RUN-E022 while
 // they wait, whether the slots are held or not.
 func TestALongLineAdmitsInRankOrder(t *testing.T) {
-	if testing.Short() {
-		t.Skip("2,000 waiters")
-	}
+	testkit.System(t) // 2,000 waiters
 	t.Parallel()
 	// The race detector makes each waiter some ten times dearer.
 	n, limit := 2000, 2
@@ -440,4 +439,303 @@ func TestAPlainClaimOnAPlainStoreReadsItsRankPastExpiredEntries(t *testing.T) {
 			assert.Equal(t, 1, limitErr.Ahead)
 		})
 	}
+}
+
+// A waiter ranked behind may be admitted first only into units that no
+// waiter ahead needs, and then never delays it: p1 queues for {a, b}, p2 of
+// the same principal for {a} behind it; a frees while b stays full: p2 takes
+// the unit of a that p1 does not need, and p1 is admitted as soon as b frees,
+// into the unit of a it reserved.
+func TestABackfilledRunNeverDelaysTheWaiterAhead(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		a, b := runlease.NamedScope("a", 2), runlease.NamedScope("b", 1)
+		ha, err := runlease.ClaimSlots(ctx, s, "xa", []runlease.Scope{a})
+		require.NoError(t, err)
+		hb, err := runlease.ClaimSlots(ctx, s, "xb", []runlease.Scope{b})
+		require.NoError(t, err)
+		opts := []runlease.Option{runlease.WithFairShare("p", 1), runlease.WithWaitPoll(runlease.MinWaitPoll)}
+		d1 := startWait(ctx, s, "p1", []runlease.Scope{a, b}, opts...)
+		awaitQueued(t, s, 2)
+		d2 := startWait(ctx, s, "p2", []runlease.Scope{a}, opts...)
+		awaitQueued(t, s, 3)
+		require.NoError(t, ha.Release(ctx))
+		require.NoError(t, waitErr(t, d2), "p2 fits beside what p1 reserves")
+		select {
+		case err := <-d1:
+			t.Fatalf("p1 returned %v while b is full", err)
+		default:
+		}
+		ex, err := runlease.ExplainSlots(ctx, s, "p1", []runlease.Scope{a, b})
+		require.NoError(t, err)
+		assert.Equal(t, "", ex.Scopes[0].BlockedBy, "p1's unit of a is still free for it")
+		assert.Equal(t, "capacity", ex.Scopes[1].BlockedBy)
+		require.NoError(t, hb.Release(ctx))
+		require.NoError(t, waitErr(t, d1), "p1 is admitted once b frees")
+	})
+}
+
+// The README's bound: "a waiter with k waiters ranked ahead of it is
+// admitted within ⌈(k+1)/L⌉·T; later claims rank ahead of it only by fair
+// share, at most about (its tag − the head's tag)·weight of them per
+// principal". A waiter at the head of scope a (its tag is the head's) is
+// not overtaken by later claims of a new principal that waits for a and b.
+// Were a claim ranked by the smallest tag waiting in any of its scopes, b's
+// younger virtual time would drag it to the front of a, and every run of
+// that principal (its mark moves one unit a run, b's head stays) would rank
+// ahead of the head of a, as many as a's and b's virtual times differ in
+// units.
+func TestAMultiScopeClaimDoesNotOvertakeTheHeadOfAnotherScope(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		ctx := t.Context()
+		a, b := runlease.NamedScope("a", 1), runlease.NamedScope("b", 1)
+		_, err := runlease.ClaimSlots(ctx, s, "holder", []runlease.Scope{a, b}, runlease.WithTTL(time.Hour))
+		require.NoError(t, err)
+		// Scope a has admitted 100 units' worth of runs: its clock says so.
+		put(t, s, runlease.ClockPrefix+"1:a", `{"finish":100000000,"until_ms":`+
+			strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)+`}`)
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		poll := runlease.WithWaitPoll(runlease.MinWaitPoll)
+		dw := startWait(wctx, s, "w", []runlease.Scope{a}, runlease.WithFairShare("pw", 1), poll)
+		require.Eventually(t, func() bool { return len(lineRows(t, s, "a")) == 1 }, 20*time.Second, time.Millisecond)
+		dv := startWait(wctx, s, "v", []runlease.Scope{b}, runlease.WithFairShare("pv", 1), poll)
+		require.Eventually(t, func() bool { return len(lineRows(t, s, "b")) == 1 }, 20*time.Second, time.Millisecond)
+		var dx []<-chan error
+		for i := range 3 {
+			dx = append(dx, startWait(wctx, s, "x"+strconv.Itoa(i), []runlease.Scope{a, b}, runlease.WithFairShare("px", 1), poll))
+			require.Eventually(t, func() bool { return len(lineRows(t, s, "a")) == 2+i }, 20*time.Second, time.Millisecond)
+		}
+		var order []string
+		for _, r := range lineRows(t, s, "a") {
+			_, run, _ := parseLine(r.Key)
+			order = append(order, run)
+		}
+		assert.Equal(t, "w", order[0], "the head of a, overtaken by later claims of one principal: %v", order)
+		cancel()
+		for _, d := range append(dx, dw, dv) {
+			waitErr(t, d)
+		}
+	})
+}
+
+// rangeArmed is a store with ranges whose clock steps one millisecond
+// the second time it is read after a range read: the moment a claim
+// judges its head complete (scopeRows.complete) and the moment it
+// decodes it (decodeScopeFor) fall on either side of a millisecond.
+type rangeArmed struct {
+	*runlease.SQLiteStore
+	at    int64        // the clock before the step, in ms
+	reads atomic.Int64 // clock readings since the last range read (-1: none yet)
+}
+
+func (r *rangeArmed) MetaRanges(ctx context.Context, ranges []runlease.Range) ([][]runlease.Row, error) {
+	rows, err := r.SQLiteStore.MetaRanges(ctx, ranges)
+	r.reads.Store(0)
+	return rows, err
+}
+
+func (r *rangeArmed) now() time.Time {
+	if n := r.reads.Add(1); n >= 2 && n < 1<<40 {
+		return time.UnixMilli(r.at + 1)
+	}
+	return time.UnixMilli(r.at)
+}
+
+// A claim reads the head of the line, limit+1 rows, and, finding them
+// live, judges the head cut and complete: a claim ranked behind them all
+// is held back. It decodes the head by that same clock reading. Read again,
+// the clock could see two entries expire between the readings (the waiters
+// of one process that died renew on one beat and expire at one
+// millisecond), leaving fewer live entries ahead than the limit while the
+// live waiter just past the head is not read: the claim would be admitted
+// into the unit that waiter needs, overtaking it.
+func TestAHeadJudgedCompleteIsDecodedByTheSameClock(t *testing.T) {
+	t.Parallel()
+	base := newSQLite(t)
+	T := time.Now().Add(time.Minute).UnixMilli()
+	s := &rangeArmed{SQLiteStore: base, at: T - 1}
+	s.reads.Store(1 << 41)
+	for i, until := range []int64{T, T, T + 3_600_000, T + 3_600_000} {
+		plant(t, base, plantedEntry{Run: "e" + strconv.Itoa(i), Waiter: "w" + strconv.Itoa(i), Seq: 1,
+			Principal: "p" + strconv.Itoa(i), EnqMS: T - 10_000 + int64(i), UntilMS: until, Scopes: []string{"mem"}})
+	}
+	mem := []runlease.Scope{runlease.MemScope(2)}
+	_, err := runlease.ClaimSlots(t.Context(), s, "late", mem, runlease.WithClock(s.now), runlease.WithTTL(time.Hour))
+	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit,
+		"e2 and e3 wait ahead of the claim for both units; it was admitted over e3")
+}
+
+func TestAPlainClaimDoesNotJumpTheQueue(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		ctx := t.Context()
+		gpu := runlease.NamedScope("gpu", 2)
+		_, err := runlease.ClaimSlots(ctx, s, "one", []runlease.Scope{gpu})
+		require.NoError(t, err)
+		// A run that needs both units waits: one is free, and it reserves
+		// it.
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { _, _ = runlease.ClaimSlotsWait(wctx, s, "heavy", []runlease.Scope{gpu.Take(2)}) }()
+		awaitQueued(t, s, 1)
+
+		before := libRows(t, s)
+		_, err = runlease.ClaimSlots(ctx, s, "jumper", []runlease.Scope{gpu})
+		var limit *runlease.ConcurrencyLimitError
+		require.ErrorAs(t, err, &limit)
+		assert.Equal(t, runlease.ConcurrencyLimitError{Scope: "gpu", Limit: 2, Units: 1, Held: 1, Ahead: 1, Reserved: 2}, *limit)
+		assert.Contains(t, err.Error(), "the run would have to queue")
+		assert.Equal(t, before, libRows(t, s), "a refusal writes nothing")
+
+		// A higher priority ranks ahead of the waiter and may take it.
+		sl, err := runlease.ClaimSlots(ctx, s, "urgent", []runlease.Scope{gpu}, runlease.WithPriority(1))
+		require.NoError(t, err)
+		assert.Len(t, sl.Held(), 1)
+	})
+}
+
+func TestAPlainClaimOnAPlainStoreReadsTheMarksOnlyWhenSomeoneWaits(t *testing.T) {
+	t.Parallel()
+	s := newSQLite(t)
+	c := &testkit.Counting{Store: s} // no MultiScanner: one scan per prefix
+	mem := []runlease.Scope{runlease.MemScope(1)}
+	sl, err := runlease.ClaimSlots(t.Context(), c, "first", mem)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), c.Scans.Load(), "slots and the line's head; nobody waits, so no mark or priority rows")
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() { _, _ = runlease.ClaimSlotsWait(ctx, s, "waiter", mem) }()
+	awaitQueued(t, s, 1)
+	require.NoError(t, sl.Release(t.Context()))
+	require.Eventually(t, func() bool { return len(queueRows(t, s)) == 0 }, 20*time.Second, time.Millisecond)
+
+	// The waiter holds the slot now; queue another behind it and claim.
+	go func() { _, _ = runlease.ClaimSlotsWait(ctx, s, "second", mem) }()
+	awaitQueued(t, s, 1)
+	c.Reset()
+	_, err = runlease.ClaimSlots(t.Context(), c, "plain", mem)
+	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit)
+	// A store with neither ranges nor many scans in one call reads each
+	// range with a scan of its own, and ranks a plain claim against the
+	// line only when its head holds a live entry: slots and the head, then
+	// the principal's mark and the first entries at the claim's priority,
+	// which give its fair-share tag.
+	assert.Equal(t, int64(4), c.Scans.Load(), "slots, the line's head, and the mark and priority rows that rank it against the waiter")
+}
+
+// TestAPlainClaimRanksBehindAWaiterItTiesWith proves that a claim that
+// does not wait, of another principal, at the waiter's priority and with
+// the same fair-share tag, ranks behind the waiter: it ties on priority and
+// tag, and a claim made now has not waited at all. It is refused while the
+// waiter's reservation leaves it no room, plain or through a lease, though
+// its run id sorts first (the last tie-break, which must never be reached).
+func TestAPlainClaimRanksBehindAWaiterItTiesWith(t *testing.T) {
+	t.Parallel()
+	bothStores(t, func(t *testing.T, s runlease.Store) {
+		ctx := t.Context()
+		gpu := runlease.NamedScope("gpu", 2)
+		_, err := runlease.ClaimSlots(ctx, s, "one", []runlease.Scope{gpu})
+		require.NoError(t, err)
+		// A waiter of team-a needs both units: one is free, and it
+		// reserves it.
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			_, _ = runlease.ClaimSlotsWait(wctx, s, "waiter-z", []runlease.Scope{gpu.Take(2)},
+				runlease.WithFairShare("team-a", 1))
+		}()
+		awaitQueued(t, s, 1)
+		queued, err := runlease.Queues(ctx, s)
+		require.NoError(t, err)
+		require.Len(t, queued, 1)
+
+		// team-b has nothing waiting and no mark: a claim of its ranks at
+		// the virtual time now, the waiter's own tag.
+		teamB := runlease.WithFairShare("team-b", 1)
+		ex, err := runlease.ExplainSlots(ctx, s, "claim-a", []runlease.Scope{gpu}, teamB)
+		require.NoError(t, err)
+		require.Equal(t, queued[0].Priority, ex.Scopes[0].Priority)
+		require.Equal(t, queued[0].Tag, ex.Scopes[0].Tag, "the claim ties with the waiter on priority and tag")
+
+		want := runlease.ConcurrencyLimitError{Scope: "gpu", Limit: 2, Units: 1, Held: 1, Ahead: 1, Reserved: 2}
+		slotsBefore := slotRows(t, s)
+		_, err = runlease.ClaimSlots(ctx, s, "claim-a", []runlease.Scope{gpu}, teamB)
+		var limit *runlease.ConcurrencyLimitError
+		require.ErrorAs(t, err, &limit, "a plain claim took the unit the waiter it ties with reserves")
+		assert.Equal(t, want, *limit)
+
+		l, err := runlease.Acquire(ctx, s, "claim-a", "driver")
+		require.NoError(t, err)
+		_, err = l.ClaimSlots(ctx, []runlease.Scope{gpu}, teamB)
+		require.ErrorAs(t, err, &limit, "a lease's claim took the unit the waiter it ties with reserves")
+		assert.Equal(t, want, *limit)
+		require.NoError(t, l.Release(ctx))
+		assert.Equal(t, slotsBefore, slotRows(t, s), "the refusals took no slot")
+		assert.Len(t, queueRows(t, s), 1, "nor queued")
+	})
+}
+
+// slotRows returns the slot rows of every scope.
+func slotRows(t *testing.T, s runlease.Store) []runlease.Row {
+	t.Helper()
+	r, err := s.MetaScan(t.Context(), runlease.SlotPrefix)
+	require.NoError(t, err)
+	return r
+}
+
+// TestAWaiterFarBehindTheHeadLooksOnceTheOnesAheadLeave: a waiter behind
+// more of its own process's waiters than a release lets in stops polling
+// (a process of 100,000 waiters would otherwise wake each of them every
+// poll); it looks again once a waiter ahead leaves the first ones. On a
+// store that sends no notifications, nothing else wakes it: here every
+// waiter of a scope of limit 1 must be admitted in turn, each releasing at
+// once, though all but the first two are far behind when they queue.
+func TestAWaiterFarBehindTheHeadLooksOnceTheOnesAheadLeave(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		raw := bubbleStore(t)
+		// The store without its notifications: waiters learn only by
+		// polling, or from the room when one ahead of them leaves.
+		s := struct {
+			runlease.Store
+			runlease.Batcher
+			runlease.RangeReader
+		}{raw, raw, raw}
+		ctx := t.Context()
+		scope := runlease.NamedScope("gpu", 1)
+		holder, err := runlease.ClaimSlots(ctx, s, "holder", []runlease.Scope{scope})
+		require.NoError(t, err)
+
+		const n = 6
+		var admitted atomic.Int32
+		errs := make(chan error, n)
+		for i := range n {
+			go func() {
+				sl, err := runlease.ClaimSlotsWait(ctx, s, fmt.Sprintf("w%d", i), []runlease.Scope{scope},
+					runlease.WithWaitPoll(runlease.MinWaitPoll))
+				if err == nil {
+					admitted.Add(1)
+					err = sl.Release(ctx)
+				}
+				errs <- err
+			}()
+			synctest.Wait() // queued, in this order
+		}
+		time.Sleep(time.Second) // every waiter has polled: the far ones poll no more
+		synctest.Wait()
+		require.Zero(t, admitted.Load())
+
+		require.NoError(t, holder.Release(ctx))
+		time.Sleep(10 * time.Second) // far less than a renewal of their entries (the TTL is 10 minutes)
+		synctest.Wait()
+		require.Equal(t, int32(n), admitted.Load(), "every waiter was admitted in turn")
+		for range n {
+			require.NoError(t, <-errs)
+		}
+	})
 }

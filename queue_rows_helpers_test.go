@@ -1,12 +1,16 @@
 package runlease_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
@@ -130,4 +134,104 @@ func plant(t *testing.T, s runlease.Store, e plantedEntry) string {
 		put(t, s, placeKeyOf(sc, e.Run), string(place))
 	}
 	return v
+}
+
+// plantAhead writes n live entries of other runs at the front of scope's
+// line (tag 0, enqueued an hour ago), each with its place row, so that a
+// run that queues now lies behind them.
+func plantAhead(t *testing.T, s runlease.Store, scope string, n int) {
+	t.Helper()
+	now := time.Now()
+	for i := range n {
+		plant(t, s, plantedEntry{Run: "ahead" + strconv.Itoa(i), Waiter: "a" + strconv.Itoa(i), Seq: 1,
+			EnqMS: now.Add(-time.Hour).UnixMilli() + int64(i), UntilMS: now.Add(time.Hour).UnixMilli(),
+			Scopes: []string{scope}})
+	}
+}
+
+// queueRows returns the rows of every queue.
+func queueRows(t *testing.T, s runlease.Store) []runlease.Row {
+	t.Helper()
+	r, err := s.MetaScan(context.Background(), runlease.QueuePrefix)
+	require.NoError(t, err)
+	return r
+}
+
+// libRows returns the rows of the store but the marks a Postgres store
+// keeps of the keys its subscribers wait on (runwait:), which come and go
+// with the waiters' subscriptions, not with their claims.
+func libRows(t *testing.T, s runlease.Store) []runlease.Row {
+	t.Helper()
+	var out []runlease.Row
+	for _, r := range rows(t, s) {
+		if !strings.HasPrefix(r.Key, runlease.WaitPrefix) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// awaitQueued waits until the queues hold n rows in all.
+func awaitQueued(t *testing.T, s runlease.Store, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(queueRows(t, s)) == n }, 20*time.Second, time.Millisecond,
+		"the queues never held %d rows", n)
+}
+
+// admissions records the order in which waiters were admitted.
+type admissions struct {
+	mu    sync.Mutex
+	order []string
+}
+
+func (a *admissions) add(run string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.order = append(a.order, run)
+}
+
+func (a *admissions) get() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.order...)
+}
+
+// waitAndRelease starts a waiter that, once admitted, records its run and
+// releases its slots at once, so that the next waiter can be admitted.
+func waitAndRelease(t *testing.T, wg *sync.WaitGroup, s runlease.Store, run string, scopes []runlease.Scope, got *admissions, opts ...runlease.Option) {
+	wg.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		sl, err := runlease.ClaimSlotsWait(ctx, s, run, scopes, opts...)
+		if !assert.NoError(t, err, run) {
+			return
+		}
+		got.add(run)
+		assert.NoError(t, sl.Release(ctx))
+	})
+}
+
+// startWait starts ClaimSlotsWait in a goroutine and returns the channel
+// of its error.
+func startWait(ctx context.Context, s runlease.Store, run string, scopes []runlease.Scope, opts ...runlease.Option) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		sl, err := runlease.ClaimSlotsWait(ctx, s, run, scopes, opts...)
+		if err == nil {
+			_ = sl // held until the test ends
+		}
+		done <- err
+	}()
+	return done
+}
+
+func waitErr(t *testing.T, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("ClaimSlotsWait did not return")
+		return nil
+	}
 }

@@ -101,12 +101,12 @@ var (
 		"TestJudgeReservesForWaitersAhead", "TestLineKeysSortInRankOrder", "TestQueueKeysRoundTrip",
 		"TestWaitersAreAdmittedByFairShareThenInQueueOrder", "TestHigherPriorityIsAdmittedFirst",
 		"TestAPlainClaimDoesNotJumpTheQueue", "TestALegacyEntryHoldsNoPlace", "TestALegacyEntryOfTheRunStillWaits",
-		"TestASecondWaiterOfOneRunIsRefused", "TestQueueAdversaryCancelledWaitersOfOnePrincipalLeaveNoMark",
-		"TestQueueAdversaryASecondCallOfAWaitingRunIsRefused", "TestQueueAdversaryPlainStoreAdmissionKeepsTheMark",
+		"TestASecondWaiterOfOneRunIsRefused", "TestCancelledWaitersOfOnePrincipalLeaveNoMark",
+		"TestASecondCallOfAWaitingRunIsRefusedEvenForFewerUnits", "TestAnAdmissionKeepsThePrincipalsMarkWithOrWithoutBatches",
 		"TestADeadWaitersPlaceExpires", "TestAStalledWaiterQueuesAgainAtTheBack",
 		"TestLeaseClaimSlotsWaitIsFencedByTheLease", "TestPruneRemovesQueueRowsOfGoneWaiters",
 		"TestPruneLeavesAQueueEntryItsWaiterRenewed", "TestPruneRemovesOnlyOldFreeRows",
-		// queue_line_mutation_test.go
+		// queue_place_test.go, queue_fair_test.go
 		"TestAWaiterBeyondTheHeadKeepsItsPlaceAndIsNotQueuedTwice", "TestAWaiterWhosePlaceRowAnotherCallTookIsNotAdmitted",
 		"TestAnAdmissionWithoutWaitingChecksTheRunsPlaceRow", "TestALeaveWhoseEntryStaysKeepsTheMark",
 		"TestANewPlaceIsNotChargedFromBeforeALeftoverBeyondTheHead"}
@@ -270,7 +270,7 @@ var catalog = []mutation{
 		Old:    "	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {\n		return context.DeadlineExceeded\n	}\n",
 		New:    "",
 		Breaks: "A store call that returns at the caller's deadline, before the context's timer has run, is judged with the caller still there: AcquireWait and ClaimSlotsWait return a fault instead of the deadline's error, and an acquisition of unknown outcome is not taken back, so the run stays blocked for a TTL in the name of a caller that has gone.",
-		Pkg:    ".", Tests: []string{"TestAcquireWaitWhoseDeadlinePassedBeforeItsTimerRan", "TestQueueAdversaryDeadlinePassedBeforeItsTimerRan"},
+		Pkg:    ".", Tests: []string{"TestAcquireWaitWhoseDeadlinePassedBeforeItsTimerRan", "TestAWaitWhoseDeadlinePassedBeforeItsTimerRanReturnsTheDeadlinesError"},
 	},
 	{
 		Name:   "wait-queues-past-its-deadline",
@@ -278,7 +278,7 @@ var catalog = []mutation{
 		Old:    "		if err := ctxEnded(ctx); err != nil {\n			return nil, err\n		}\n		if err := w.keepPlace(",
 		New:    "		if err := w.keepPlace(",
 		Breaks: "A ClaimSlotsWait that cannot be admitted, whose deadline has passed before its context's timer said so, queues and sleeps instead of returning the deadline's error as AcquireWait does.",
-		Pkg:    ".", Tests: []string{"TestQueueAdversaryDeadlinePassedEndsTheWaitBeforeItQueues"},
+		Pkg:    ".", Tests: []string{"TestAWaitWhoseDeadlinePassedEndsBeforeItQueues"},
 	},
 	{
 		Name:   "pin-sweep-waits-for-the-clock",
