@@ -155,7 +155,7 @@ func (s *PostgresStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (
 		if try < pgBatchEagerTries {
 			continue
 		}
-		if err := pgPause(ctx, pause/2+rand.N(pause)); err != nil {
+		if err := sleepCtx(ctx, pause/2+rand.N(pause)); err != nil {
 			return false, s.fault(ctx, "MetaBatch", "", true, false, err)
 		}
 		pause = min(2*pause, pgBatchPauseMax)
@@ -191,18 +191,6 @@ func (s *PostgresStore) sendOnce(ctx context.Context, c *pgx.Conn, b *pgBatch) (
 func pgAborted(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && !pgFatal(pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
-}
-
-// pgPause waits for d or the end of ctx, whose error it returns.
-func pgPause(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // sendBatch sends both statements and reads the verdict.
