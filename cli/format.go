@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/millis"
 	"github.com/areev/runlease/statuspage"
 )
 
@@ -30,20 +31,6 @@ func newLeaseJSON(info runlease.LeaseInfo, now time.Time) leaseJSON {
 	return statuspage.NewLease(info, now)
 }
 
-// millisUntil returns until minus now in milliseconds, clamped to the int64
-// range (time.Time.Sub clamps to about 292 years instead).
-func millisUntil(until, now time.Time) int64 {
-	u, n := until.UnixMilli(), now.UnixMilli()
-	d := u - n
-	if (u >= 0) != (n >= 0) && (d >= 0) != (u >= 0) { // overflowed
-		if u >= 0 {
-			return math.MaxInt64
-		}
-		return math.MinInt64
-	}
-	return d
-}
-
 // expiresText says when a lease expires, or since when it has been free.
 func expiresText(info runlease.LeaseInfo, now time.Time) string {
 	switch leaseState(info) {
@@ -60,7 +47,7 @@ func expiresText(info runlease.LeaseInfo, now time.Time) string {
 // spanText formats the time from from to to for people, as shortDuration
 // does, and spans too long for a time.Duration in years.
 func spanText(to, from time.Time) string {
-	switch ms := millisUntil(to, from); {
+	switch ms := millis.Until(to, from); {
 	case ms <= 0:
 		return shortDuration(0)
 	case ms > math.MaxInt64/int64(time.Millisecond):

@@ -1,12 +1,12 @@
 package statuspage
 
 import (
-	"math"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/millis"
 )
 
 // Lease states, as the page, the JSON endpoint and runlease status --json
@@ -104,7 +104,7 @@ func NewLease(info runlease.LeaseInfo, now time.Time) Lease {
 	case StateCorrupt:
 		return j
 	}
-	untilMS, in := info.Until.UnixMilli(), millisUntil(info.Until, now)
+	untilMS, in := info.Until.UnixMilli(), millis.Until(info.Until, now)
 	takeover := info.Until
 	if !info.Live && info.Until.After(now) { // released ahead of this clock
 		takeover = now
@@ -153,7 +153,7 @@ func AddQueues(scopes []Scope, waiters []runlease.Waiter, now time.Time) []Scope
 		scopes[i].Queue = append(scopes[i].Queue, Waiter{Position: w.Position, RunID: w.RunID,
 			Principal: w.Principal, Weight: w.Weight, Priority: w.Priority, Units: w.Units, Tag: w.Tag,
 			Enqueued: jsonTime(w.Enqueued), EnqueuedMS: w.Enqueued.UnixMilli(),
-			Until: jsonTime(w.Until), UntilMS: w.Until.UnixMilli(), ExpiresInMS: millisUntil(w.Until, now)})
+			Until: jsonTime(w.Until), UntilMS: w.Until.UnixMilli(), ExpiresInMS: millis.Until(w.Until, now)})
 	}
 	slices.SortFunc(scopes, func(a, b Scope) int { return strings.Compare(a.Scope, b.Scope) })
 	return scopes
@@ -202,7 +202,7 @@ func NewScopes(slots []runlease.SlotInfo, limits map[string]int, now time.Time) 
 func newSlot(s runlease.SlotInfo, now time.Time) Slot {
 	j := Slot{Slot: s.Slot, RunID: s.RunID, Corrupt: s.Corrupt, Key: s.Key}
 	if !s.Corrupt {
-		untilMS, in := s.Until.UnixMilli(), millisUntil(s.Until, now)
+		untilMS, in := s.Until.UnixMilli(), millis.Until(s.Until, now)
 		j.Until, j.UntilMS, j.ExpiresInMS = jsonTime(s.Until), &untilMS, &in
 	}
 	return j
@@ -217,18 +217,4 @@ func jsonTime(t time.Time) *time.Time {
 		return nil
 	}
 	return &t
-}
-
-// millisUntil returns until minus now in milliseconds, clamped to the int64
-// range (time.Time.Sub clamps to about 292 years instead).
-func millisUntil(until, now time.Time) int64 {
-	u, n := until.UnixMilli(), now.UnixMilli()
-	d := u - n
-	if (u >= 0) != (n >= 0) && (d >= 0) != (u >= 0) { // overflowed
-		if u >= 0 {
-			return math.MaxInt64
-		}
-		return math.MinInt64
-	}
-	return d
 }

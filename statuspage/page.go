@@ -39,15 +39,25 @@ type view struct {
 	Corrupt    int    // corrupt lease and slot rows
 }
 
-func (h *handler) page(w http.ResponseWriter, r *http.Request) {
+// load reads the page that r's query asks for. When the query is bad or
+// the store fails, it answers r with the error and returns false.
+func (h *handler) load(w http.ResponseWriter, r *http.Request) (query, *Page, bool) {
 	q, err := parseQuery(r.URL.Query())
 	if err != nil {
 		http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
-		return
+		return query{}, nil, false
 	}
 	p, err := h.read(r.Context(), q)
 	if err != nil {
 		http.Error(w, "reading the store: "+err.Error(), http.StatusServiceUnavailable)
+		return query{}, nil, false
+	}
+	return q, p, true
+}
+
+func (h *handler) page(w http.ResponseWriter, r *http.Request) {
+	q, p, ok := h.load(w, r)
+	if !ok {
 		return
 	}
 	v := view{Page: p, Query: q.values().Encode(), States: q.states, Run: q.prefix, Limit: q.limit,
@@ -66,14 +76,8 @@ func (h *handler) page(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) json(w http.ResponseWriter, r *http.Request) {
-	q, err := parseQuery(r.URL.Query())
-	if err != nil {
-		http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
-		return
-	}
-	p, err := h.read(r.Context(), q)
-	if err != nil {
-		http.Error(w, "reading the store: "+err.Error(), http.StatusServiceUnavailable)
+	_, p, ok := h.load(w, r)
+	if !ok {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
