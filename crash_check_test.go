@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/testkit"
 )
 
 // crashLeaseAck is the last acknowledged write of a lease row.
@@ -211,6 +212,7 @@ func crashRunIndex(run string) (int, bool) {
 // buffers them and writes them out every 16), and requires the check to
 // find the acknowledged writes the kills lost: proof that it can fail.
 func TestCrashCheckCatchesLostAcknowledgedWrites(t *testing.T) {
+	testkit.System(t)
 	t.Parallel()
 	problems, st := crashRun(t, crashSQLite(t), 10, "lazy", crashMaxDelay/2)
 	require.NotEmpty(t, problems, "the check passed a store that loses acknowledged writes: %s", st)

@@ -49,6 +49,7 @@ import (
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/pgtest"
 	"github.com/areev/runlease/internal/proctest"
+	"github.com/areev/runlease/internal/testkit"
 )
 
 var roleCrashWriter = proctest.Register("crash-writer", crashWriter)
@@ -308,6 +309,7 @@ func crashPostgres(t *testing.T) crashTarget {
 }
 
 func TestSQLiteSurvivesSIGKILLMidWrite(t *testing.T) {
+	testkit.System(t)
 	t.Parallel()
 	kills := crashKills(true)
 	start := time.Now()
@@ -318,6 +320,7 @@ func TestSQLiteSurvivesSIGKILLMidWrite(t *testing.T) {
 }
 
 func TestPostgresSurvivesSIGKILLMidWrite(t *testing.T) {
+	testkit.System(t)
 	t.Parallel()
 	target := crashPostgres(t)
 	kills := crashKills(false)

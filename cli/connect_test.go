@@ -103,6 +103,7 @@ func TestPostgresFlagsThatContradictEachOtherAreUsageErrors(t *testing.T) {
 }
 
 func TestTheTimeoutDoesNotBoundTheOperatorsAnswer(t *testing.T) {
+	testkit.System(t)
 	t.Parallel()
 	path := newDB(t)
 	pr, pw := io.Pipe()
