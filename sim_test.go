@@ -16,7 +16,7 @@ import (
 
 // Environment variables of TestSimulationModes.
 const (
-	envSchedules = "RUNLEASE_DSIM_SCHEDULES" // schedules of the random sweep, over all modes (default simDefaultSchedules)
+	envSchedules = "RUNLEASE_DSIM_SCHEDULES" // schedules of the random sweep, over all modes (default simDefaultSchedules; simShortSchedules a mode under -short)
 	envModes     = "RUNLEASE_DSIM_MODES"     // comma-separated modes of the sweep (default: all but clock)
 	envBase      = "RUNLEASE_DSIM_BASE"      // first seed of the sweep (default 1)
 	envSeed      = "RUNLEASE_DSIM_SEED"      // replay one seed (with RUNLEASE_DSIM_MODE), printing its trace
@@ -31,6 +31,12 @@ const (
 // core. Under the race detector the sweep is a tenth of it.
 const simDefaultSchedules = 10_000
 
+// simShortSchedules is how many schedules of each mode the sweep runs
+// under `go test -short` (after every regression schedule): the first
+// seeds of the CI sweep, a few seconds in all, so that the loop a developer
+// runs while editing still plays every mode.
+const simShortSchedules = 12
+
 // simMaxFailures is how many failing schedules of one mode the sweep
 // reports before it moves on to the next mode.
 const simMaxFailures = 3
@@ -39,6 +45,8 @@ const simMaxFailures = 3
 // (testdata/sim/regressions.txt), then a sweep of seeded schedules of every
 // workload mode of internal/sim but clock (whose forward steps past the
 // margin are a fault no keeper can see; run it with RUNLEASE_DSIM_MODES=clock).
+// Under -short the sweep is simShortSchedules a mode, unless
+// RUNLEASE_DSIM_SCHEDULES sets it.
 // Each failure prints its seed, the command that replays it, the violations
 // and a trace. A schedule that stops moving (a goroutine waiting on a lock
 // that no store call can release) is reported by a watchdog, which then ends
@@ -61,16 +69,19 @@ func TestSimulationModes(t *testing.T) {
 			})
 		}
 	})
-	def := simDefaultSchedules
-	if raceEnabled {
-		def /= 10
-	}
-	total := simModesEnvInt(t, envSchedules, def)
-	base := simModesEnvInt(t, envBase, 1)
 	modes := sim.ModeNames()
 	if s := os.Getenv(envModes); s != "" {
 		modes = strings.Split(s, ",")
 	}
+	def := simDefaultSchedules
+	switch {
+	case testing.Short():
+		def = simShortSchedules * len(modes)
+	case raceEnabled:
+		def /= 10
+	}
+	total := simModesEnvInt(t, envSchedules, def)
+	base := simModesEnvInt(t, envBase, 1)
 	if os.Getenv(envSurvey) != "" {
 		for _, name := range modes {
 			surveySim(t, simMode(t, name), uint64(base), total/len(modes))

@@ -42,8 +42,8 @@ import (
 // which goroutines woken at one instant run, so a failure that turns on
 // that order shows in some replays only: repeat them with -count.
 // RUNLEASE_SIM_SCHEDULES sets how many run (default 10,000,
-// or 2,000 under the race detector); the seeds in testdata/sim/seeds.txt always
-// run.
+// or 2,000 under the race detector, or simShortRandomSchedules under
+// -short); the seeds in testdata/sim/seeds.txt always run.
 func TestSimulation(t *testing.T) {
 	if s := os.Getenv("RUNLEASE_SIM_SEED"); s != "" {
 		seed, err := strconv.ParseUint(s, 10, 64)
@@ -54,7 +54,10 @@ func TestSimulation(t *testing.T) {
 		return
 	}
 	n := 10_000
-	if raceEnabled {
+	switch {
+	case testing.Short():
+		n = simShortRandomSchedules
+	case raceEnabled:
 		n = 2_000
 	}
 	if s := os.Getenv("RUNLEASE_SIM_SCHEDULES"); s != "" {
@@ -78,6 +81,11 @@ func TestSimulation(t *testing.T) {
 	}
 	t.Logf("%d schedules checked", len(seeds))
 }
+
+// simShortRandomSchedules is how many random schedules TestSimulation
+// runs under -short, after the committed seeds: the first of the full
+// run's, well under a second.
+const simShortRandomSchedules = 500
 
 // committedSeeds reads the regression seeds kept in testdata/sim.
 func committedSeeds(t *testing.T) []uint64 {
