@@ -62,6 +62,7 @@ import (
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/pgtest"
 	"github.com/areev/runlease/internal/proctest"
+	"github.com/areev/runlease/internal/testkit"
 )
 
 var roleFairWaiter = proctest.Register("mp-fair-share-waiter", fairWaiterChild)
@@ -458,11 +459,9 @@ func fairCheck(t *testing.T, adms []fairAdmission) {
 // without checking the mark it read gave runs of A in the two processes
 // one tag, and A two runs for one share.)
 func TestFairShareHoldsAcrossProcesses(t *testing.T) {
+	testkit.System(t) // several processes
 	t.Parallel()
 	pgtest.DSN(t) // skips without RUNLEASE_TEST_POSTGRES
-	if testing.Short() {
-		t.Skip("a system test of several processes; skipped in -short mode")
-	}
 	pool := pgtest.Pool(t)
 	_, table := mpStore(t)
 	logTable := fairLogPostgres(t, pool, table)
@@ -555,10 +554,8 @@ END $$`)
 // opens: 12 goroutines per principal, half of them through each of two
 // Store values of the one store.
 func TestFairShareHoldsWithOverlappingEnqueuesOnSQLite(t *testing.T) {
+	testkit.System(t)
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("a system test; skipped in -short mode")
-	}
 	path := filepath.Join(t.TempDir(), "runs.db")
 	// The log's table and triggers go in before the store opens the file
 	// (it locks the file against other openers), with the store's own
