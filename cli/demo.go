@@ -7,10 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sync"
 	"time"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/manualclock"
 )
 
 const demoHelp = `
@@ -97,25 +97,6 @@ func openDemoStore(ctx context.Context, path string) (*runlease.SQLiteStore, err
 	return s, nil
 }
 
-// manualClock is the demo's simulated time: it moves only when told to. It
-// is safe for concurrent use, since keepers read it from their goroutines.
-type manualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (m *manualClock) Now() time.Time {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.now
-}
-
-func (m *manualClock) advance(d time.Duration) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.now = m.now.Add(d)
-}
-
 // driver is one simulated run driver.
 type driver struct {
 	name   string // as the timeline calls it: "driver-a"
@@ -130,7 +111,7 @@ type demo struct {
 	ctx    context.Context
 	store  runlease.Store
 	path   string
-	clock  *manualClock
+	clock  *manualclock.Clock // the simulated time; keepers read it from their goroutines
 	start  time.Time
 	events chan renewal // keepers' renewals
 }
@@ -140,7 +121,7 @@ func newDemo(c *cli, store runlease.Store, path string) *demo {
 	// store kept with --db shows what the demo's final table shows.
 	start := time.Now().UTC().Truncate(time.Second).Add(-demoDuration)
 	return &demo{c: c, ctx: c.ctx, store: store, path: path,
-		clock: &manualClock{now: start}, start: start, events: make(chan renewal, 64)}
+		clock: manualclock.New(start), start: start, events: make(chan renewal, 64)}
 }
 
 // opts are the options of every lease and slot call of the demo.
@@ -183,7 +164,7 @@ func (d *demo) simulated(s string) string {
 
 // until sets the simulated clock to start+offset.
 func (d *demo) until(offset time.Duration) {
-	d.clock.advance(d.start.Add(offset).Sub(d.clock.Now()))
+	d.clock.Advance(d.start.Add(offset).Sub(d.clock.Now()))
 }
 
 // heldSlots describes the slots a driver holds: "mem #0, principal:x #0".

@@ -55,7 +55,7 @@ func (d *demo) superstep(b, c, x *driver) error {
 	d.say("%s and %s hand their leases to keepers (runlease.Keep) and run a %s superstep",
 		b.name, c.name, shortDuration(demoSuperstep))
 	for i := 1; i <= demoKeepSteps; i++ {
-		d.clock.advance(demoSuperstep / demoKeepSteps)
+		d.clock.Advance(demoSuperstep / demoKeepSteps)
 		if err := d.awaitRenewals(b, c); err != nil {
 			return err
 		}

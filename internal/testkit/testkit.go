@@ -10,31 +10,16 @@ import (
 	"time"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/manualclock"
 )
 
 // Clock is a manual clock for runlease.WithClock. It starts at a fixed
-// instant and moves only when told to. It is safe for concurrent use.
-type Clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+// instant and moves only when told to (Advance). It is safe for concurrent
+// use.
+type Clock = manualclock.Clock
 
 // NewClock returns a Clock set to start.
-func NewClock(start time.Time) *Clock { return &Clock{now: start} }
-
-// Now returns the clock's time.
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Advance moves the clock forward by d.
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
+func NewClock(start time.Time) *Clock { return manualclock.New(start) }
 
 // Counting wraps a Store and counts each method's calls.
 type Counting struct {
