@@ -2,7 +2,6 @@ package runlease
 
 import (
 	"context"
-	"io"
 	"net/url"
 	"strconv"
 	"strings"
@@ -15,16 +14,6 @@ const (
 	TargetSQLite   = "sqlite"   // the embedded store: OpenSQLite or OpenSQLiteReadOnly
 	TargetPostgres = "postgres" // the shared store: OpenPostgres
 )
-
-// ClosableStore is a [Store] that holds resources until Close: a file lock
-// and database handles, or a connection pool. [Open] returns one;
-// [*SQLiteStore] and [*PostgresStore] implement it. Close follows the
-// store's own contract: it is idempotent, and calls after it fail with
-// [ErrStoreClosed].
-type ClosableStore interface {
-	Store
-	io.Closer
-}
 
 var (
 	_ ClosableStore = (*SQLiteStore)(nil)

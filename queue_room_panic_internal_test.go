@@ -56,9 +56,7 @@ func TestAStorePanickingInSubscribeLeavesNoRoomBehind(t *testing.T) {
 			}
 		}
 	}()
-	s.SQLiteStore.subs.mu.Lock()
-	subsA := len(s.SQLiteStore.subs.byKey[queueBell("a")])
-	s.SQLiteStore.subs.mu.Unlock()
+	subsA := s.SQLiteStore.subs.CountKey(queueBell("a"))
 	assert.Nil(t, roomOf(s, "a"), "the call that made room a has returned (panicked): the room must be gone")
 	assert.Zero(t, subsA, "and the subscription of scope a's bell with it")
 	assert.Nil(t, roomOf(s, "b"), "room b has no waiter left")

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/areev/runlease/internal/pgtest"
+	"github.com/areev/runlease/internal/wakeup"
 )
 
 // roomStore is what a built-in store offers a waiter.
@@ -336,7 +337,7 @@ func TestAWaiterDoesNotWaitLongForAStuckScan(t *testing.T) {
 func TestNoSubscriptionOrGoroutineOutlivesARoomsLastWaiter(t *testing.T) {
 	roomStores(t, func(t *testing.T, s roomStore) {
 		before := goleak.IgnoreCurrent()
-		var subs *subscribers
+		var subs *wakeup.Set
 		switch s := s.(type) {
 		case *SQLiteStore:
 			subs = &s.subs
@@ -344,9 +345,7 @@ func TestNoSubscriptionOrGoroutineOutlivesARoomsLastWaiter(t *testing.T) {
 			subs = &s.listen.subs
 		}
 		perKey := func(scope string) int {
-			subs.mu.Lock()
-			defer subs.mu.Unlock()
-			return len(subs.byKey[queueBell(scope)])
+			return subs.CountKey(queueBell(scope))
 		}
 		full := []Scope{NamedScope("a", 1), NamedScope("b", 1)}
 		_, err := ClaimSlots(t.Context(), s, "holder", full)

@@ -10,20 +10,6 @@ import (
 	"time"
 )
 
-// DeleteNotifier is an optional capability of a [Notifier] Store: a
-// conditional delete that, when it deletes, wakes the subscribers of
-// another key. A released slot wakes the waiters of its scope's queue with
-// it, so that the next run is admitted in milliseconds rather than a poll
-// interval. Both built-in stores implement it: the Postgres store with
-// LISTEN/NOTIFY in the delete's own statement, and only when a subscriber
-// waits; the SQLite store within its process.
-type DeleteNotifier interface {
-	Notifier
-	// MetaDeleteNotify is MetaDelete that, when it deletes, wakes the
-	// subscribers of wakeKey (once the delete is visible to them).
-	MetaDeleteNotify(ctx context.Context, key, expected, wakeKey string) (deleted bool, err error)
-}
-
 // queueBell is the key whose subscribers are a scope's waiters: the
 // scope's queue prefix, a key no entry has.
 func queueBell(scope string) string { return queueScopePrefix(scope) }

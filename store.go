@@ -30,6 +30,23 @@ type Row struct {
 // Implementations must satisfy this contract; the storetest package checks
 // it, and a third-party Store should run storetest.Run in its own tests.
 //
+// Stability. Store, [Row], [Clock] and the optional capabilities declared
+// beside them ([Batcher], [MultiCASer], [MultiScanner], [RangeReader],
+// [Notifier], [RowNotifier], [DeleteNotifier], [ClosableStore] and
+// [ClosedReporter]), with their argument types, limits and Check* helpers
+// and [ForgetStore], are the stable contract between this package and a
+// store: within a major version none of them gains a method or changes
+// meaning, and a Check* helper never refuses what the contract allows.
+// The library detects each optional capability with a type assertion on
+// the Store it is given, so a store implements only those it can; a minor
+// version may add new optional capabilities, which a store that lacks them
+// does without, at the cost their documentation names. A store must keep
+// passing storetest.Run, which also checks the optional capabilities the
+// store implements, with every version of this package it supports; a
+// minor version's storetest may check more of the same contract, never a
+// new one. What the built-in stores export beyond these interfaces is
+// theirs, not part of the contract.
+//
 // Keys and values. Keys are non-empty UTF-8 text of at most [MaxKeyLen]
 // bytes; values are UTF-8 text of at most [MaxValueLen] bytes; neither may
 // contain NUL. A Store must refuse anything else before touching storage,

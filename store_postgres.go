@@ -265,8 +265,8 @@ func newPostgresStore(ctx context.Context, op string, pool *pgxpool.Pool, owned 
 // Table returns the table name the store was opened with.
 func (s *PostgresStore) Table() string { return s.table }
 
-// isClosed reports whether Close has begun.
-func (s *PostgresStore) isClosed() bool { return s.closed.Load() }
+// Closed implements [ClosedReporter]: it reports whether Close has begun.
+func (s *PostgresStore) Closed() bool { return s.closed.Load() }
 
 // Close stops the store; calls after Close fail with [ErrStoreClosed]. A
 // store from OpenPostgres also closes its pool, waiting for calls in flight
@@ -276,7 +276,7 @@ func (s *PostgresStore) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	forgetStore(s)
+	ForgetStore(s)
 	s.stopClock()
 	s.stopListening(false)
 	if s.owned {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/areev/runlease/internal/wakeup"
 )
 
 // Writes that notify: the same conditional writes as MetaCAS, whose
@@ -78,7 +80,7 @@ func pgChannel(table string) string {
 // pgListener holds one connection that LISTENs on the table's channel while
 // anyone subscribes, and fans notifications out by key.
 type pgListener struct {
-	subs    subscribers
+	subs    wakeup.Set
 	mu      sync.Mutex
 	cancel  context.CancelFunc // stops the listening goroutine; nil when none runs
 	stopped chan struct{}      // closed when it has exited
@@ -124,14 +126,14 @@ func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected 
 // its pool while anyone subscribes, and marks key in the table (a row under
 // [WaitPrefix]) so that writes of it notify; see store_postgres_waiters.go.
 func (s *PostgresStore) Subscribe(key string) (<-chan struct{}, func()) {
-	ch, cancel := s.listen.subs.subscribe(key)
+	ch, cancel := s.listen.subs.Subscribe(key)
 	return ch, s.listening(key, cancel)
 }
 
 // SubscribeRows implements [RowNotifier], as Subscribe does. A row too long
 // for a notification (about 8,000 bytes with its key) wakes without it.
 func (s *PostgresStore) SubscribeRows(key string) (<-chan string, func()) {
-	ch, cancel := s.listen.subs.subscribeRows(key)
+	ch, cancel := s.listen.subs.SubscribeRows(key)
 	return ch, s.listening(key, cancel)
 }
 
@@ -175,7 +177,7 @@ func (s *PostgresStore) listening(key string, cancel func()) func() {
 // ifIdle, nobody subscribes), and waits for it to close its connection.
 func (s *PostgresStore) stopListening(ifIdle bool) {
 	s.listen.mu.Lock()
-	if ifIdle && s.listen.subs.count() > 0 {
+	if ifIdle && s.listen.subs.Count() > 0 {
 		s.listen.mu.Unlock()
 		return
 	}
@@ -198,7 +200,7 @@ func (s *PostgresStore) listenLoop(ctx context.Context, ready chan struct{}) {
 		if ctx.Err() != nil {
 			return
 		}
-		s.listen.subs.wakeAll() // notifications may have been missed: re-read
+		s.listen.subs.WakeAll() // notifications may have been missed: re-read
 		select {
 		case <-ctx.Done():
 		case <-time.After(pgListenRetry):
@@ -219,13 +221,13 @@ func (s *PostgresStore) listenOnce(ctx context.Context, up func()) error {
 		return err
 	}
 	up()
-	s.listen.subs.wakeAll() // anything released before LISTEN took effect
+	s.listen.subs.WakeAll() // anything released before LISTEN took effect
 	for {
 		n, err := c.WaitForNotification(ctx)
 		if err != nil {
 			return err
 		}
 		key, row, _ := pgParsePayload(n.Payload)
-		s.listen.subs.wake(key, row)
+		s.listen.subs.Wake(key, row)
 	}
 }

@@ -227,7 +227,7 @@ func (s *PostgresStore) syncMarks(ctx context.Context, sweep bool) {
 		}
 		w.mu.Unlock()
 		for _, key := range fresh { // a refreshed mark has nothing new to tell
-			s.listen.subs.wake(key, "")
+			s.listen.subs.Wake(key, "")
 		}
 	}
 	if len(del) > 0 {

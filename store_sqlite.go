@@ -11,6 +11,8 @@ import (
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/areev/runlease/internal/wakeup"
 )
 
 // The embedded store's schema and statements. WITHOUT ROWID keeps each row in
@@ -65,7 +67,7 @@ type SQLiteStore struct {
 	dbLock *dbLock  // the writer lock on the database file; nil as lock is
 	w, r   *sql.DB  // r == w for :memory:, whose data lives in one connection
 	stmts  sqliteStmts
-	subs   subscribers
+	subs   wakeup.Set
 	closed atomic.Bool // set once Close began; read without the gate's lock
 	gate   callGate
 	// readers holds a token for each read in flight, one per reading
@@ -428,15 +430,7 @@ func (s *SQLiteStore) MetaScanMany(ctx context.Context, prefixes []string) ([][]
 	if err := CheckPrefixes(prefixes); err != nil {
 		return nil, err
 	}
-	out := make([][]Row, len(prefixes))
-	for i, p := range prefixes {
-		rows, err := s.MetaScan(ctx, p)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = rows
-	}
-	return out, nil
+	return scanEach(ctx, s, prefixes)
 }
 
 // startRead admits a read once a reading connection is free, and returns

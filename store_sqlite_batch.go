@@ -94,7 +94,7 @@ func (s *SQLiteStore) batchOp(ctx context.Context, t *sqliteTx, op Op) error {
 func (s *SQLiteStore) MetaCASNotify(ctx context.Context, key string, expected *string, value string) (bool, error) {
 	ok, err := s.MetaCAS(ctx, key, expected, value)
 	if ok {
-		s.subs.wake(key, value)
+		s.subs.Wake(key, value)
 	}
 	return ok, err
 }
@@ -108,7 +108,7 @@ func (s *SQLiteStore) MetaDeleteNotify(ctx context.Context, key, expected, wakeK
 	}
 	ok, err := s.MetaDelete(ctx, key, expected)
 	if ok || IsOutcomeUnknown(err) {
-		s.subs.wake(wakeKey, "")
+		s.subs.Wake(wakeKey, "")
 	}
 	return ok, err
 }
@@ -116,12 +116,12 @@ func (s *SQLiteStore) MetaDeleteNotify(ctx context.Context, key, expected, wakeK
 // Subscribe implements [Notifier]. Only writes through this store wake its
 // subscribers, which is every write: one process owns the file.
 func (s *SQLiteStore) Subscribe(key string) (<-chan struct{}, func()) {
-	return s.subs.subscribe(key)
+	return s.subs.Subscribe(key)
 }
 
 // SubscribeRows implements [RowNotifier], as Subscribe does.
 func (s *SQLiteStore) SubscribeRows(key string) (<-chan string, func()) {
-	return s.subs.subscribeRows(key)
+	return s.subs.SubscribeRows(key)
 }
 
 // MetaCASMany implements [MultiCASer] in one transaction: one commit, and

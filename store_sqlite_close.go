@@ -55,8 +55,8 @@ func (s *SQLiteStore) exit(op string) {
 	s.gate.calls.Done()
 }
 
-// isClosed reports whether Close has begun.
-func (s *SQLiteStore) isClosed() bool { return s.closed.Load() }
+// Closed implements [ClosedReporter]: it reports whether Close has begun.
+func (s *SQLiteStore) Closed() bool { return s.closed.Load() }
 
 // Close refuses new calls with [ErrStoreClosed], waits for the calls in
 // flight to return (a write among them either commits, durably, or fails
@@ -78,7 +78,7 @@ func (s *SQLiteStore) Close() error {
 	defer close(s.gate.done)
 
 	s.closed.Store(true)
-	forgetStore(s)
+	ForgetStore(s)
 	if s.hooks != nil && s.hooks.closing != nil {
 		s.hooks.closing()
 	}

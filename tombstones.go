@@ -15,11 +15,12 @@ import (
 // finds its run released at its fence by someone else, an operator's
 // ForceRelease, remembers that row the same way: it is the stored row.)
 //
-// The memo refers to each Store value it holds rows of. The built-in SQLite
-// and Postgres stores forget their rows when closed; any other Store value
-// stays reachable while the memo holds one of its rows: until the run is
-// acquired or pruned again here, or until maxTombstones later releases have
-// pushed the row out.
+// The memo refers to each Store value it holds rows of. A store that calls
+// [ForgetStore] from its Close, as the built-in SQLite and Postgres stores
+// do, leaves the memo when closed; any other Store value stays reachable
+// while the memo holds one of its rows: until the run is acquired or pruned
+// again here, or until maxTombstones later releases have pushed the row
+// out.
 //
 // A remembered row is only a guess, taken out of the memo by the Acquire
 // that uses it: the write over it is conditional on the store holding
@@ -52,19 +53,17 @@ type tombstone struct {
 	row string
 }
 
-// closedStore is a built-in store that knows whether it was closed.
-type closedStore interface{ isClosed() bool }
-
 // rememberReleased records row, a released row that landed at key on store.
-// A built-in store that is closed has forgotten its rows, or will, and gets
-// none again: Close marks it closed before it forgets, and both the mark's
-// reading here and the forgetting happen under tombstones.mu.
+// A store whose [ClosedReporter] says it is closed has forgotten its rows,
+// or will, and gets none again: Close marks it closed before it calls
+// [ForgetStore], and both the mark's reading here and the forgetting happen
+// under tombstones.mu.
 func rememberReleased(store Store, key, row string) {
 	store = storeIdentity(store)
 	k := tombKey{store, key}
 	tombstones.mu.Lock()
 	defer tombstones.mu.Unlock()
-	if c, ok := store.(closedStore); ok && c.isClosed() {
+	if c, ok := store.(ClosedReporter); ok && c.Closed() {
 		return
 	}
 	if e, ok := tombstones.m[k]; ok {
@@ -99,10 +98,9 @@ func forgetReleased(store Store, key string) {
 	dropLocked(tombKey{storeIdentity(store), key})
 }
 
-// forgetStore forgets every released row remembered for store: the
-// built-in stores call it when they are closed, so that the memo never
-// keeps a closed store reachable.
-func forgetStore(store Store) {
+// forgetReleasedOf forgets every released row remembered for store, a
+// store's identity, for [ForgetStore].
+func forgetReleasedOf(store Store) {
 	tombstones.mu.Lock()
 	defer tombstones.mu.Unlock()
 	for e := tombstones.order.Front(); e != nil; {

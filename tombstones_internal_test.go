@@ -2,6 +2,7 @@ package runlease
 
 import (
 	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -53,11 +54,35 @@ func TestTombstonesAreBounded(t *testing.T) {
 	for i := range 10 {
 		rememberReleased(a, "s"+strconv.Itoa(i), "row")
 	}
-	forgetStore(a)
+	ForgetStore(a)
 	_, ok = takeReleased(a, "s3")
 	assert.False(t, ok, "a forgotten store's rows are gone")
 	tombstones.mu.Lock()
 	n, l := len(tombstones.m), tombstones.order.Len()
 	tombstones.mu.Unlock()
 	assert.Equal(t, n, l, "the order list holds exactly the rows of the map")
+}
+
+// closedLineageStore is a Store value that reports whether it is closed.
+type closedLineageStore struct {
+	lineageStore
+	closed *atomic.Bool
+}
+
+func (s closedLineageStore) Closed() bool { return s.closed.Load() }
+
+// TestAClosedStoreIsRememberedNothing checks that a store whose
+// ClosedReporter says it is closed gets no released row remembered: a
+// release in flight while its Close calls ForgetStore cannot leave a row
+// that keeps it reachable.
+func TestAClosedStoreIsRememberedNothing(t *testing.T) {
+	s := closedLineageStore{lineageStore: lineageStore{id: 103}, closed: new(atomic.Bool)}
+	rememberReleased(s, "k", "row")
+	s.closed.Store(true)
+	ForgetStore(s)
+	rememberReleased(s, "k2", "row")
+	_, ok := takeReleased(s, "k")
+	assert.False(t, ok, "ForgetStore forgot the row remembered before")
+	_, ok = takeReleased(s, "k2")
+	assert.False(t, ok, "a store that reports itself closed is remembered nothing")
 }

@@ -142,12 +142,64 @@ func TestReacquireAfterReleaseWritesOverTheReleasedRow(t *testing.T) {
 	})
 }
 
+// ownStore is a store that is not built in and holds a resource until
+// Close: a SQLite store of its own, which it reaches through the embedded
+// Store (with no Unwrap method, so it is a Store value of its own to the
+// library). Its Close does what a store author's does: it refuses calls
+// (closing the inner store refuses them and waits for the calls in
+// flight), then calls ForgetStore.
+type ownStore struct {
+	runlease.Store
+	inner  *runlease.SQLiteStore
+	closed atomic.Bool
+}
+
+func (s *ownStore) Close() error {
+	s.closed.Store(true)
+	err := s.inner.Close()
+	runlease.ForgetStore(s)
+	return err
+}
+
+// reportingStore is an ownStore that implements runlease.ClosedReporter,
+// and so may call ForgetStore as soon as it reports itself closed, before
+// the calls in flight have returned.
+type reportingStore struct{ ownStore }
+
+func (s *reportingStore) Closed() bool { return s.closed.Load() }
+
+func (s *reportingStore) Close() error {
+	s.closed.Store(true)
+	runlease.ForgetStore(s)
+	return s.inner.Close()
+}
+
+var _ runlease.ClosedReporter = (*reportingStore)(nil)
+
 // TestTheMemoOfReleasedRowsKeepsNoClosedStore checks that a store closed
 // and dropped after a release is collected: the memo of released rows
-// refers to Store values, and the built-in stores leave it when closed.
+// refers to Store values, and a store that calls ForgetStore from its
+// Close, built in or not, leaves it when closed.
 func TestTheMemoOfReleasedRowsKeepsNoClosedStore(t *testing.T) {
 	count := func(c *atomic.Int32) { c.Add(1) }
+	newInner := func(t *testing.T, i int) *runlease.SQLiteStore {
+		s, err := runlease.OpenSQLite(filepath.Join(t.TempDir(), strconv.Itoa(i)+".db"))
+		require.NoError(t, err)
+		return s
+	}
 	open := map[string]func(t *testing.T, i int, freed *atomic.Int32) runlease.ClosableStore{
+		"not_built_in": func(t *testing.T, i int, freed *atomic.Int32) runlease.ClosableStore {
+			inner := newInner(t, i)
+			s := &ownStore{Store: inner, inner: inner}
+			runtime.AddCleanup(s, count, freed)
+			return s
+		},
+		"not_built_in_reporting_closed": func(t *testing.T, i int, freed *atomic.Int32) runlease.ClosableStore {
+			inner := newInner(t, i)
+			s := &reportingStore{ownStore{Store: inner, inner: inner}}
+			runtime.AddCleanup(s, count, freed)
+			return s
+		},
 		"sqlite": func(t *testing.T, i int, freed *atomic.Int32) runlease.ClosableStore {
 			s, err := runlease.OpenSQLite(filepath.Join(t.TempDir(), strconv.Itoa(i)+".db"))
 			require.NoError(t, err)

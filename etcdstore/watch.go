@@ -5,6 +5,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/areev/runlease/internal/wakeup"
 )
 
 // A key's watch that ended (compaction, a lost leader, a closed stream)
@@ -17,16 +19,12 @@ const (
 )
 
 // keyWatch is the one etcd watch of a key that every subscriber of the key
-// in this store shares. Its fields are guarded by Store.watchMu.
+// in this store shares. Its fields are guarded by Store.watchMu, a leaf
+// lock under which the subscribers are sent to (see package wakeup's lock
+// rule).
 type keyWatch struct {
-	subs   map[*subscription]struct{}
+	subs   map[*wakeup.Sub]struct{}
 	cancel context.CancelFunc
-}
-
-// subscription is one subscriber: exactly one of its channels is set.
-type subscription struct {
-	wake chan struct{} // Subscribe's
-	rows chan string   // SubscribeRows': the latest row, "" when unknown
 }
 
 // Subscribe implements [runlease.Notifier]: the channel receives a value
@@ -35,8 +33,8 @@ type subscription struct {
 // subscribers once, however many there are, key and its bell with the same
 // watch; the watch ends with the last subscription.
 func (s *Store) Subscribe(key string) (<-chan struct{}, func()) {
-	sub := &subscription{wake: make(chan struct{}, 1)}
-	return sub.wake, s.subscribe(key, sub)
+	sub, wake := wakeup.NewWake()
+	return wake, s.subscribe(key, sub)
 }
 
 // SubscribeRows implements [runlease.RowNotifier]: the channel receives the
@@ -45,11 +43,11 @@ func (s *Store) Subscribe(key string) (<-chan struct{}, func()) {
 // compaction, a lost leader or a reconnect the client could not resume):
 // then the key must be read.
 func (s *Store) SubscribeRows(key string) (<-chan string, func()) {
-	sub := &subscription{rows: make(chan string, 1)}
-	return sub.rows, s.subscribe(key, sub)
+	sub, rows := wakeup.NewRows()
+	return rows, s.subscribe(key, sub)
 }
 
-func (s *Store) subscribe(key string, sub *subscription) (cancel func()) {
+func (s *Store) subscribe(key string, sub *wakeup.Sub) (cancel func()) {
 	s.watchMu.Lock()
 	defer s.watchMu.Unlock()
 	if s.stopped {
@@ -61,7 +59,7 @@ func (s *Store) subscribe(key string, sub *subscription) (cancel func()) {
 	w := s.watches[key]
 	if w == nil {
 		ctx, stop := context.WithCancel(context.Background())
-		w = &keyWatch{subs: map[*subscription]struct{}{}, cancel: stop}
+		w = &keyWatch{subs: map[*wakeup.Sub]struct{}{}, cancel: stop}
 		s.watches[key] = w
 		s.wg.Add(1)
 		go s.watch(ctx, key, w)
@@ -126,7 +124,8 @@ func (s *Store) watch(ctx context.Context, key string, w *keyWatch) {
 }
 
 // wake sends row to every subscriber of w without blocking: a pending
-// wake-up is replaced, so a slow subscriber sees the latest row.
+// wake-up is replaced, so a slow subscriber sees the latest row. The sends
+// run under Store.watchMu, so no two of them to one subscriber run at once.
 func (s *Store) wake(w *keyWatch, row string, hasRow bool) {
 	if !hasRow {
 		row = ""
@@ -134,25 +133,8 @@ func (s *Store) wake(w *keyWatch, row string, hasRow bool) {
 	s.watchMu.Lock()
 	defer s.watchMu.Unlock()
 	for sub := range w.subs {
-		sub.send(row)
+		sub.Send(row)
 	}
-}
-
-// send is called with Store.watchMu held, and only send sends, so the
-// buffer has room once drained.
-func (sub *subscription) send(row string) {
-	if sub.wake != nil {
-		select {
-		case sub.wake <- struct{}{}:
-		default:
-		}
-		return
-	}
-	select {
-	case <-sub.rows:
-	default:
-	}
-	sub.rows <- row
 }
 
 // stopWatches ends every watch and waits for their goroutines.

@@ -294,7 +294,7 @@ var catalog = []mutation{
 		Old:    "	release := stx.stmt(&stx.release, s.stmts.release)\n",
 		New:    "	if true {\n		return false, g.inTx(stx, g)\n	}\n	release := stx.stmt(&stx.release, s.stmts.release)\n",
 		Breaks: "A write in a group commit runs without a savepoint of its own: one that fails midway leaves its first statements in the transaction, which commits them with the others, and a failure that rolled the transaction back goes unnoticed.",
-		Pkg:    ".", Tests: []string{"TestSQLiteGroupAdversaryOneFailedStatementFailsItsGroup", "TestSQLiteGroupAdversaryRollbackInsideGroup", "TestSQLiteGroupAdversaryFullInOneStatementWrite", "TestSQLiteGroupCommit"},
+		Pkg:    ".", Tests: []string{"TestSQLiteGroupAFailedStatementFailsOnlyItsOwnWrite", "TestSQLiteGroupARollbackInsideAGroupCommitsNothing", "TestSQLiteGroupAFullFileKeepsTheAccounting", "TestSQLiteGroupCommit"},
 	},
 	{
 		Name:   "expiry-reads-not-shared",
@@ -487,7 +487,7 @@ var catalog = []mutation{
 	{
 		Name:   "closed-store-kept-by-the-released-rows",
 		File:   "store_sqlite_close.go",
-		Old:    "\tforgetStore(s)\n",
+		Old:    "\tForgetStore(s)\n",
 		New:    "",
 		Breaks: "A SQLite store closed and dropped after a release stays reachable from the memo of released rows, with its database handle, until 1024 later releases push its row out.",
 		Pkg:    ".", Tests: []string{"TestTheMemoOfReleasedRowsKeepsNoClosedStore"},
@@ -687,7 +687,7 @@ var catalog = []mutation{
 	{
 		Name:   "postgres-new-mark-wakes-nobody",
 		File:   "store_postgres_waiters.go",
-		Old:    "for _, key := range fresh { // a refreshed mark has nothing new to tell\n\t\t\ts.listen.subs.wake(key, \"\")",
+		Old:    "for _, key := range fresh { // a refreshed mark has nothing new to tell\n\t\t\ts.listen.subs.Wake(key, \"\")",
 		New:    "for _, key := range fresh { // a refreshed mark has nothing new to tell\n\t\t\t_ = key",
 		Breaks: "A new Postgres wait mark does not wake its key's subscribers, so a release that committed before the mark, and notified nobody, is found only by the next poll.",
 		Pkg:    ".", Tests: []string{"TestPostgresANewMarkWakesItsSubscribers"}, Postgres: true,
