@@ -3,8 +3,6 @@ package runlease
 import (
 	"context"
 	"fmt"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // The statements of MetaRanges: the rows after $1 that start with $2, in
@@ -49,16 +47,7 @@ func (s *PostgresStore) MetaRanges(ctx context.Context, ranges []Range) ([][]Row
 			stmts[i] = pgStmt{s.q.rangeTo, []any{r.After, r.Prefix, end, limit}}
 		}
 	}
-	out := make([][]Row, len(ranges))
-	err := s.do(ctx, "MetaRanges", ranges[0].Prefix, false, func(c *pgx.Conn) error {
-		var err error
-		out, err = sendRows(ctx, c, stmts)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return s.readRows(ctx, "MetaRanges", ranges[0].Prefix, stmts)
 }
 
 var _ RangeReader = (*PostgresStore)(nil)

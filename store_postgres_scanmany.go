@@ -6,20 +6,28 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// sendRows sends stmts, reads of (key, value) rows, as one message, and
-// returns the rows of each.
-func sendRows(ctx context.Context, c *pgx.Conn, stmts []pgStmt) ([][]Row, error) {
-	res, err := send(ctx, c, stmts...)
+// readRows sends stmts, reads of (key, value) rows, as one message on one
+// of the pool's connections, and returns the rows of each: the reads of
+// MetaScanMany and MetaRanges, one round trip however many there are. op
+// and key, the first read's prefix, name the call in a fault.
+func (s *PostgresStore) readRows(ctx context.Context, op, key string, stmts []pgStmt) ([][]Row, error) {
+	out := make([][]Row, len(stmts))
+	err := s.do(ctx, op, key, false, func(c *pgx.Conn) error {
+		res, err := send(ctx, c, stmts...)
+		if err != nil {
+			return err
+		}
+		for i := range stmts {
+			rows := make([]Row, 0, len(res[i].Rows))
+			for _, r := range res[i].Rows {
+				rows = append(rows, Row{Key: string(r[0]), Value: string(r[1])})
+			}
+			out[i] = rows
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	out := make([][]Row, len(stmts))
-	for i := range stmts {
-		rows := make([]Row, 0, len(res[i].Rows))
-		for _, r := range res[i].Rows {
-			rows = append(rows, Row{Key: string(r[0]), Value: string(r[1])})
-		}
-		out[i] = rows
 	}
 	return out, nil
 }
@@ -43,14 +51,5 @@ func (s *PostgresStore) MetaScanMany(ctx context.Context, prefixes []string) ([]
 			stmts[i] = pgStmt{s.q.scan, []any{p, end}}
 		}
 	}
-	out := make([][]Row, len(prefixes))
-	err := s.do(ctx, "MetaScanMany", prefixes[0], false, func(c *pgx.Conn) error {
-		var err error
-		out, err = sendRows(ctx, c, stmts)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return s.readRows(ctx, "MetaScanMany", prefixes[0], stmts)
 }
