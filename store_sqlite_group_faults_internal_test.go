@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,20 +46,17 @@ func init() {
 	})
 }
 
-func unknown(err error) bool { return IsOutcomeUnknown(err) }
-
-// ---------------------------------------------------------------------------
-// Failing tests: each shows a divergence from the Store contract (store.go)
-// or from the design in CONCURRENCY.md.
-// ---------------------------------------------------------------------------
+// A group commit under faults keeps the Store contract (store.go) and the
+// design in CONCURRENCY.md: calls whose contexts end, statements that fail
+// or roll the transaction back, a full file, and Close.
 
 // store.go: "Every method must be linearizable: it takes effect at one
 // instant between its call and its return." A follower taken into a running
-// group whose context ends returns at once, "outcome unknown", while the
-// group's transaction is still open: the write then takes effect after the
-// call has returned, and a read-back made right after the return (what
-// resolveCAS, tryAcquire and updateLocked do) sees it not applied.
-func TestSQLiteGroupAdversaryTakenCallLandsAfterItReturned(t *testing.T) {
+// group whose context ends must not return while the group's transaction is
+// still open, or its write would take effect after the call returned, and a
+// read-back made right after the return (what resolveCAS, tryAcquire and
+// updateLocked do) would see it not applied.
+func TestSQLiteGroupACallTakenIntoAGroupLandsBeforeItReturns(t *testing.T) {
 	verifyNoLeaks(t)
 	g := openGroupStore(t, advHoldMarker+"late.db")
 	leader := g.lead(t)
@@ -120,9 +115,9 @@ func TestSQLiteGroupAdversaryTakenCallLandsAfterItReturned(t *testing.T) {
 // CONCURRENCY.md rule 7: "A write still queued when its context ends leaves
 // the queue and fails as not applied ... (if it had been promoted, the lead
 // passes to the next in the queue)". A promoted call whose context ended
-// leads anyway; alone in its group, it runs the old path on its ended
-// context and is reported "outcome unknown" although nothing was sent.
-func TestSQLiteGroupAdversaryPromotedCancelledCallIsNotApplied(t *testing.T) {
+// does not lead: nothing of it is sent, and it is reported not applied,
+// not "outcome unknown".
+func TestSQLiteGroupAPromotedCallWhoseContextEndedIsNotApplied(t *testing.T) {
 	verifyNoLeaks(t)
 	g := openGroupStore(t, "promoted.db")
 	q := &g.group
@@ -148,14 +143,12 @@ func TestSQLiteGroupAdversaryPromotedCancelledCallIsNotApplied(t *testing.T) {
 	assert.False(t, unknown(r.err), "nothing was sent: the outcome is known (not applied): %v", r.err)
 }
 
-// store.go: "Every method must honour ctx". A leader of a group of two or
-// more begins the group's transaction on a context of its own: while another
-// connection holds SQLite's write lock, the leader's caller waits for the
-// whole busy_timeout (10 s) after its context ended, and then gets
-// SQLITE_BUSY, not the context's error. Alone (one transaction per call,
-// or a group of one) the same call returns at once with the context's
-// error: the busy handler watches the context.
-func TestSQLiteGroupAdversaryLeaderHonoursItsContextWhileLocked(t *testing.T) {
+// store.go: "Every method must honour ctx". While another connection holds
+// SQLite's write lock, the leader of a group of two or more returns with its
+// context's error as soon as that context ends, as the same call alone (one
+// transaction per call, or a group of one) does, whose busy handler watches
+// the context; not after the whole busy_timeout (10 s) with SQLITE_BUSY.
+func TestSQLiteGroupLeaderHonoursItsContextWhileLocked(t *testing.T) {
 	verifyNoLeaks(t)
 	g := openGroupStore(t, "leaderctx.db")
 	leader := g.lead(t)
@@ -191,8 +184,8 @@ func TestSQLiteGroupAdversaryLeaderHonoursItsContextWhileLocked(t *testing.T) {
 // CONCURRENCY.md rule 4: "a failing write leaves nothing behind and the
 // others go on." A one-statement write that fails on a constraint (a
 // trigger's RAISE(ABORT): SQLite takes back the statement, the transaction
-// goes on) aborts the whole group: every other write in it fails.
-func TestSQLiteGroupAdversaryOneFailedStatementFailsItsGroup(t *testing.T) {
+// goes on) fails alone: every other write of its group commits.
+func TestSQLiteGroupAFailedStatementFailsOnlyItsOwnWrite(t *testing.T) {
 	verifyNoLeaks(t)
 	g := openGroupStore(t, "fateshare.db")
 	_, err := g.w.ExecContext(t.Context(), `CREATE TRIGGER refuse BEFORE INSERT ON runlease_meta
@@ -227,177 +220,12 @@ func TestSQLiteGroupAdversaryOneFailedStatementFailsItsGroup(t *testing.T) {
 	}
 }
 
-// ---------------------------------------------------------------------------
-// Passing tests worth keeping.
-// ---------------------------------------------------------------------------
-
-// TestSQLiteGroupAdversaryAccounting runs concurrent CAS chains through
-// MetaBatch (each applied batch logs its write in the same transaction),
-// MetaCAS and MetaCASMany, with contexts that end at random and writes that
-// a trigger refuses (one-statement ones abort their group, batches their
-// savepoint), and checks every outcome against what committed: a success
-// must be there, false/nil and "not applied" must not be, and no two
-// applied CASes share an expected value.
-func TestSQLiteGroupAdversaryAccounting(t *testing.T) {
-	verifyNoLeaks(t)
-	path := filepath.Join(t.TempDir(), "acct.db")
-	s, err := OpenSQLite(path)
-	require.NoError(t, err)
-	defer func() { s.Close() }()
-	ctx := t.Context()
-	_, err = s.w.ExecContext(ctx, `CREATE TRIGGER boom_i BEFORE INSERT ON runlease_meta
-		WHEN NEW.value LIKE '%boom%' BEGIN SELECT RAISE(ABORT, 'boom'); END`)
-	require.NoError(t, err)
-	_, err = s.w.ExecContext(ctx, `CREATE TRIGGER boom_u BEFORE UPDATE ON runlease_meta
-		WHEN NEW.value LIKE '%boom%' BEGIN SELECT RAISE(ABORT, 'boom'); END`)
-	require.NoError(t, err)
-	_, err = s.MetaCAS(ctx, "chain", nil, "0")
-	require.NoError(t, err)
-	_, err = s.MetaCAS(ctx, "count", nil, "0")
-	require.NoError(t, err)
-
-	const workers, iters = 8, 60
-	type outcome struct {
-		value    string // the chain value it wrote
-		ok       bool
-		err      error
-		isBatch  bool
-		expected string
-	}
-	var mu sync.Mutex
-	var outs []outcome
-	var countOK, countUnknown atomic.Int64
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for i := range iters {
-				cctx, cancel := ctx, context.CancelFunc(func() {})
-				if rng.IntN(4) == 0 {
-					cctx, cancel = context.WithTimeout(ctx, time.Duration(rng.IntN(3000))*time.Microsecond)
-				}
-				switch rng.IntN(4) {
-				case 0, 1: // batch on the chain, logged
-					cur, _, err := s.MetaGet(ctx, "chain")
-					if !assert.NoError(t, err) {
-						cancel()
-						return
-					}
-					next := fmt.Sprintf("w%d-%d", w, i)
-					ops := []Op{Put("chain", next), Put("log/"+next, cur)}
-					if rng.IntN(10) == 0 {
-						ops = append(ops, Put("x/"+next, "boom")) // refused: its savepoint is undone
-					}
-					ok, err := s.MetaBatch(cctx, []Cond{IfEquals("chain", cur)}, ops)
-					mu.Lock()
-					outs = append(outs, outcome{value: next, ok: ok, err: err, isBatch: true, expected: cur})
-					mu.Unlock()
-				case 2: // a counter, by single CAS
-					cur, _, err := s.MetaGet(ctx, "count")
-					if !assert.NoError(t, err) {
-						cancel()
-						return
-					}
-					n, _ := strconv.Atoi(cur)
-					value := strconv.Itoa(n + 1)
-					if rng.IntN(10) == 0 {
-						value = "boom" // refused: aborts its whole group
-					}
-					ok, err := s.MetaCAS(cctx, "count", &cur, value)
-					switch {
-					case err == nil && ok:
-						countOK.Add(1)
-					case err != nil && unknown(err):
-						countUnknown.Add(1)
-					}
-				case 3: // unrelated writes in the same groups
-					key := fmt.Sprintf("m/%d", rng.IntN(4))
-					cur, found, err := s.MetaGet(ctx, key)
-					if !assert.NoError(t, err) {
-						cancel()
-						return
-					}
-					var exp *string
-					if found {
-						exp = &cur
-					}
-					_, err = s.MetaCASMany(cctx, []CASWrite{{Key: key, Expected: exp, Value: fmt.Sprintf("%d-%d", w, i)}})
-					if err != nil {
-						var se *StorageError
-						assert.ErrorAs(t, err, &se)
-					}
-					if rng.IntN(3) == 0 && found {
-						_, _ = s.MetaDelete(cctx, key, cur)
-					}
-				}
-				cancel()
-			}
-		})
-	}
-	wg.Wait()
-	require.NoError(t, s.Close())
-
-	// Check against what is on disk, through a store opened afresh.
-	s2, err := OpenSQLite(path)
-	require.NoError(t, err)
-	defer s2.Close()
-	logs, err := s2.MetaScan(ctx, "log/")
-	require.NoError(t, err)
-	logged := map[string]string{} // value → expected
-	for _, r := range logs {
-		logged[strings.TrimPrefix(r.Key, "log/")] = r.Value
-	}
-	for _, o := range outs {
-		_, there := logged[o.value]
-		switch {
-		case o.err == nil && o.ok:
-			assert.True(t, there, "batch %s reported applied, not committed", o.value)
-		case o.err == nil:
-			assert.False(t, there, "batch %s reported a lost race, committed", o.value)
-		case !unknown(o.err):
-			assert.False(t, there, "batch %s reported not applied (%v), committed", o.value, o.err)
-			var se *StorageError
-			assert.ErrorAs(t, o.err, &se)
-		}
-	}
-	// The applied batches form one chain from "0" to the final value: no
-	// two applied CASes with the same expected value, none lost.
-	byExpected := map[string]string{}
-	for v, exp := range logged {
-		if prev, dup := byExpected[exp]; dup {
-			t.Errorf("two applied CASes over %q: %q and %q", exp, prev, v)
-		}
-		byExpected[exp] = v
-	}
-	final, _, err := s2.MetaGet(ctx, "chain")
-	require.NoError(t, err)
-	steps, at := 0, "0"
-	for at != final {
-		next, ok := byExpected[at]
-		if !assert.True(t, ok, "the chain breaks at %q", at) {
-			break
-		}
-		at = next
-		steps++
-	}
-	assert.Equal(t, len(logged), steps, "every applied batch is on the chain")
-	rows, err := s2.MetaScan(ctx, "x/")
-	require.NoError(t, err)
-	assert.Empty(t, rows, "nothing of a refused batch")
-	cnt, _, err := s2.MetaGet(ctx, "count")
-	require.NoError(t, err)
-	n, err := strconv.Atoi(cnt)
-	require.NoError(t, err)
-	assert.GreaterOrEqual(t, int64(n), countOK.Load(), "every reported increment is there")
-	assert.LessOrEqual(t, int64(n), countOK.Load()+countUnknown.Load(), "an increment reported not applied committed")
-}
-
 // A statement that makes SQLite roll back the whole transaction, inside a
 // group: a trigger's RAISE(ROLLBACK), in a one-statement write and in a
 // batch. Nothing of the group may commit (no write after it may run in
 // autocommit mode), every write is told not applied, and the store writes
 // again afterwards.
-func TestSQLiteGroupAdversaryRollbackInsideGroup(t *testing.T) {
+func TestSQLiteGroupARollbackInsideAGroupCommitsNothing(t *testing.T) {
 	verifyNoLeaks(t)
 	for _, multi := range []bool{false, true} {
 		t.Run(fmt.Sprintf("multi=%v", multi), func(t *testing.T) {
@@ -465,7 +293,7 @@ func TestSQLiteGroupAdversaryRollbackInsideGroup(t *testing.T) {
 
 // A full file (SQLITE_FULL) met by a one-statement write in the middle of a
 // group: the group's accounting holds, and the store writes again.
-func TestSQLiteGroupAdversaryFullInOneStatementWrite(t *testing.T) {
+func TestSQLiteGroupAFullFileKeepsTheAccounting(t *testing.T) {
 	verifyNoLeaks(t)
 	g := openGroupStore(t, "full1.db")
 	_, err := g.w.ExecContext(t.Context(), "PRAGMA max_page_count = 3")
@@ -515,35 +343,11 @@ func TestSQLiteGroupAdversaryFullInOneStatementWrite(t *testing.T) {
 	assert.True(t, ok)
 }
 
-// A queue longer than maxGroup is committed in turns, in order.
-func TestSQLiteGroupAdversaryLongQueue(t *testing.T) {
-	verifyNoLeaks(t)
-	g := openGroupStore(t, "long.db")
-	leader := g.lead(t)
-	const n = maxGroup + 44
-	var outs []<-chan call
-	for i := range n {
-		outs = append(outs, start(func() (bool, error) { return g.MetaCAS(t.Context(), fmt.Sprintf("k%04d", i), nil, "v") }))
-	}
-	waitQueue(t, g.SQLiteStore, queued(n))
-	g.release()
-	require.NoError(t, (<-leader).err)
-	for i, o := range outs {
-		r := <-o
-		require.NoError(t, r.err, "call %d", i)
-		assert.True(t, r.ok)
-	}
-	assert.Equal(t, []int{1, maxGroup, n - maxGroup}, g.groups())
-	rows, err := g.MetaScan(t.Context(), "k")
-	require.NoError(t, err)
-	assert.Len(t, rows, n)
-}
-
 // Close while writes queue behind a leader that waits for another
 // connection's lock and some of them are cancelled: Close returns once
 // every call has, each either committed or failed with its own error, no
 // goroutine is left, and writes after Close are refused.
-func TestSQLiteGroupAdversaryCloseWithCancelledQueue(t *testing.T) {
+func TestSQLiteGroupCloseWithCancelledWritesQueued(t *testing.T) {
 	verifyNoLeaks(t)
 	g := openGroupStore(t, "closecancel.db")
 	leader := g.lead(t)
@@ -604,93 +408,4 @@ func TestSQLiteGroupAdversaryCloseWithCancelledQueue(t *testing.T) {
 	for _, c := range cancels {
 		c()
 	}
-}
-
-// An in-memory store (one connection for reads and writes) under concurrent
-// writes, reads and scans: no deadlock, and counters add up.
-func TestSQLiteGroupAdversaryMemory(t *testing.T) {
-	verifyNoLeaks(t)
-	s, err := OpenSQLite(":memory:")
-	require.NoError(t, err)
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	const workers, iters = 6, 80
-	var oks atomic.Int64
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			for i := range iters {
-				if w%3 == 2 {
-					_, err := s.MetaScan(ctx, "")
-					assert.NoError(t, err)
-					continue
-				}
-				cur, found, err := s.MetaGet(ctx, "n")
-				if !assert.NoError(t, err) {
-					return
-				}
-				if !found {
-					if ok, err := s.MetaCAS(ctx, "n", nil, "1"); assert.NoError(t, err) && ok {
-						oks.Add(1)
-					}
-					continue
-				}
-				v, _ := strconv.Atoi(cur)
-				next := strconv.Itoa(v + 1)
-				var ok bool
-				if i%2 == 0 {
-					ok, err = s.MetaCAS(ctx, "n", &cur, next)
-				} else {
-					ok, err = s.MetaBatch(ctx, []Cond{IfEquals("n", cur)}, []Op{Put("n", next), Put(fmt.Sprintf("w%d", w), next)})
-				}
-				if assert.NoError(t, err) && ok {
-					oks.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	v, _, err := s.MetaGet(ctx, "n")
-	require.NoError(t, err)
-	assert.Equal(t, strconv.FormatInt(oks.Load(), 10), v)
-}
-
-// A read-only store refuses concurrent writes before they queue.
-func TestSQLiteGroupAdversaryReadOnly(t *testing.T) {
-	verifyNoLeaks(t)
-	path := filepath.Join(t.TempDir(), "ro.db")
-	w, err := OpenSQLite(path)
-	require.NoError(t, err)
-	_, err = w.MetaCAS(t.Context(), "k", nil, "v")
-	require.NoError(t, err)
-	ro, err := OpenSQLiteReadOnly(path)
-	require.NoError(t, err)
-	defer ro.Close()
-	defer w.Close()
-	var wg sync.WaitGroup
-	for i := range 8 {
-		wg.Go(func() {
-			var err error
-			switch i % 4 {
-			case 0:
-				_, err = ro.MetaCAS(t.Context(), "k", ptr("v"), "x")
-			case 1:
-				_, err = ro.MetaDelete(t.Context(), "k", "v")
-			case 2:
-				_, err = ro.MetaBatch(t.Context(), nil, []Op{Put("k", "x")})
-			case 3:
-				_, err = ro.MetaCASMany(t.Context(), []CASWrite{{Key: "k", Value: "x"}})
-			}
-			assert.ErrorIs(t, err, ErrInvalidArgument)
-		})
-	}
-	wg.Wait()
-	ro.group.mu.Lock()
-	assert.False(t, ro.group.leading)
-	assert.Empty(t, ro.group.queue)
-	ro.group.mu.Unlock()
-	v, _, err := ro.MetaGet(t.Context(), "k")
-	require.NoError(t, err)
-	assert.Equal(t, "v", v)
 }
