@@ -3,7 +3,10 @@ package runlease
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -438,4 +441,260 @@ func TestAProcesssWaitersShareOneReadPerExpiry(t *testing.T) {
 		assert.LessOrEqual(t, reads, 1+rings+refused, "one read for the expiry, whatever the number of waiters it woke")
 		require.NoError(t, sl.Release(t.Context()))
 	})
+}
+
+// TestMemberOrderKeepsKeyOrder drives a room's member order with random
+// inserts, moves and removals, against a sorted model: first must always
+// give the members with the smallest keys, in order.
+func TestMemberOrderKeepsKeyOrder(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(3, 4))
+	var o memberOrder
+	model := map[chan struct{}]string{}
+	var chans []chan struct{}
+	for range 2000 {
+		chans = append(chans, make(chan struct{}))
+	}
+	for step := range 30000 {
+		c := chans[rng.IntN(len(chans))]
+		if old, ok := model[c]; ok {
+			o.remove(old, c)
+			delete(model, c)
+		}
+		if rng.IntN(4) > 0 {
+			key := "k" + strconv.Itoa(rng.IntN([]int{5000, 20}[step%2]))
+			o.insert(key, c)
+			model[c] = key
+		}
+		if step%500 != 0 {
+			continue
+		}
+		require.Equal(t, len(model), o.n)
+		var want []string
+		for _, k := range model {
+			want = append(want, k)
+		}
+		slices.Sort(want)
+		var got []string
+		o.first(len(model)+1, func(w chan struct{}) { got = append(got, model[w]) })
+		require.Equal(t, want, got, "step %d", step)
+		for _, ch := range o.chunks {
+			require.NotEmpty(t, ch)
+			require.LessOrEqual(t, len(ch), orderChunk)
+		}
+	}
+}
+
+// TestARingWakesTheMembersNearTheHead checks that a ring of a room of many
+// placed waiters wakes those without a place and only the first depth of
+// those with one, in key order, and that a member that moves to the front
+// is woken by the next ring.
+func TestARingWakesTheMembersNearTheHead(t *testing.T) {
+	t.Parallel()
+	r := &room{waiters: map[chan struct{}]struct{}{}, placed: map[chan struct{}]string{}, depth: 3}
+	var placed []chan struct{}
+	for i := range 1000 {
+		c := make(chan struct{}, 1)
+		r.waiters[c] = struct{}{}
+		r.place(c, "k"+strconv.Itoa(100000+i))
+		placed = append(placed, c)
+	}
+	unplaced := make(chan struct{}, 1)
+	r.waiters[unplaced] = struct{}{}
+	woken := func() []int {
+		var out []int
+		for i, c := range placed {
+			select {
+			case <-c:
+				out = append(out, i)
+			default:
+			}
+		}
+		return out
+	}
+	r.ring()
+	require.Equal(t, []int{0, 1, 2}, woken())
+	require.Len(t, unplaced, 1, "a member without a place is woken by every ring")
+	<-unplaced
+	require.True(t, r.near(placed[2]))
+	require.False(t, r.near(placed[3]))
+	// A member far back leaves: nobody's place among the first changes.
+	delete(r.waiters, placed[700])
+	r.unplaceLocked(placed[700])
+	require.Empty(t, woken())
+	// The first leaves the room, which lets the fourth in: it is woken,
+	// since far members do not poll.
+	delete(r.waiters, placed[0])
+	r.unplaceLocked(placed[0])
+	require.Equal(t, []int{3}, woken())
+	// The 500th moves ahead of everyone (its old place was far back).
+	r.place(placed[500], "k0")
+	require.Empty(t, woken())
+	r.ring()
+	require.Equal(t, []int{1, 2, 500}, woken())
+}
+
+// panickySubscribe is a SQLite store whose Subscribe panics for the
+// bell of scope "b" (a store bug, or a decorator that panics): the library
+// already guards a shared scan against a store that panics (errScanAborted),
+// and a Subscribe is just as much a store call.
+type panickySubscribe struct {
+	*SQLiteStore
+}
+
+func (s *panickySubscribe) Subscribe(key string) (<-chan struct{}, func()) {
+	if key == queueBell("b") {
+		panic("subscribe failed")
+	}
+	return s.SQLiteStore.Subscribe(key)
+}
+
+// TestAStorePanickingInSubscribeLeavesNoRoomBehind: ClaimSlotsWait
+// joins the rooms of its scopes one by one (joinRooms) and only then defers
+// leaveRooms. A panic in the second room's Subscribe leaves the first room,
+// its subscription and its fanOut goroutine in place for good (refs never
+// drops to 0), and the second room in the map with a member that never
+// leaves: the promise "no goroutine or subscription outlives the last
+// waiter of a room" breaks, and every later waiter of scope "b" waits in a
+// room with no subscription at all (no bell: poll only).
+func TestAStorePanickingInSubscribeLeavesNoRoomBehind(t *testing.T) {
+	s := &panickySubscribe{SQLiteStore: roomSQLite(t)}
+	_, err := ClaimSlots(t.Context(), s.SQLiteStore, "holder", []Scope{NamedScope("a", 1)})
+	require.NoError(t, err)
+	func() {
+		defer func() { _ = recover() }()
+		_, err := ClaimSlotsWait(t.Context(), s, "w", []Scope{NamedScope("a", 1), NamedScope("b", 1)})
+		panic(fmt.Sprint("no panic: ", err))
+	}()
+	defer func() { // let other tests run clean whatever happens
+		for _, sc := range []string{"a", "b"} {
+			if r := roomOf(s, sc); r != nil {
+				rooms.mu.Lock()
+				delete(rooms.m, roomKey{store: s, scope: sc})
+				rooms.mu.Unlock()
+				if r.stop != nil {
+					close(r.stop)
+					<-r.exited
+				}
+				if r.cancel != nil {
+					r.cancel()
+				}
+			}
+		}
+	}()
+	subsA := s.SQLiteStore.subs.CountKey(queueBell("a"))
+	assert.Nil(t, roomOf(s, "a"), "the call that made room a has returned (panicked): the room must be gone")
+	assert.Zero(t, subsA, "and the subscription of scope a's bell with it")
+	assert.Nil(t, roomOf(s, "b"), "room b has no waiter left")
+}
+
+// TestFarWaitersAreAllAdmittedSoon: one process's waiters, on a store
+// without notifications, with mixed priorities, units, scope sets (a waiter
+// in two rooms), cancellations of waiters ahead, a second Store value on
+// the same database, and requeues: every waiter that is not cancelled must
+// be admitted well before a renewal of its entries (TTL 10 minutes), since
+// each one admitted releases at once. Under -short it runs the first 4 of
+// its 16 schedules.
+func TestFarWaitersAreAllAdmittedSoon(t *testing.T) {
+	seeds := uint64(16)
+	if testing.Short() {
+		seeds = 4
+	}
+	for seed := range seeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				raw, err := OpenSQLite(filepath.Join(t.TempDir(), "runs.db"))
+				require.NoError(t, err)
+				t.Cleanup(func() { raw.Close() })
+				type quiet struct {
+					Store
+					Batcher
+					RangeReader
+				}
+				stores := []Store{quiet{raw, raw, raw}, struct {
+					Store
+					Batcher
+				}{raw, raw}}
+				rng := rand.New(rand.NewPCG(seed, 7))
+				ctx := t.Context()
+				gpu, cpu := NamedScope("gpu", 2), NamedScope("cpu", 1)
+				h1, err := ClaimSlots(ctx, stores[0], "holder1", []Scope{gpu.Take(2)})
+				require.NoError(t, err)
+				h2, err := ClaimSlots(ctx, stores[0], "holder2", []Scope{cpu})
+				require.NoError(t, err)
+				const n = 30
+				var admitted atomic.Int32
+				runs := n - rng.IntN(6)
+				errs := make(chan error, n)
+				cancels := make([]context.CancelFunc, n)
+				cancelled := 0
+				for i := range n {
+					var scopes []Scope
+					switch rng.IntN(5) {
+					case 0:
+						scopes = []Scope{gpu, cpu}
+					case 1:
+						scopes = []Scope{gpu.Take(2)}
+					case 2:
+						scopes = []Scope{cpu}
+					case 3:
+						scopes = []Scope{NamedScope("gpu", 3)}
+					default:
+						scopes = []Scope{gpu}
+					}
+					st := stores[0]
+					if rng.IntN(5) == 0 {
+						st = stores[1]
+					}
+					opts := []Option{WithWaitPoll(MinWaitPoll), WithTTL(10 * time.Minute)}
+					if rng.IntN(3) == 0 {
+						opts = append(opts, WithPriority(rng.IntN(3)))
+					}
+					wctx, cancel := context.WithCancel(ctx)
+					cancels[i] = cancel
+					go func() {
+						sl, err := ClaimSlotsWait(wctx, st, fmt.Sprintf("w%d", i%runs), scopes, opts...)
+						if err == nil {
+							admitted.Add(1)
+							err = sl.Release(ctx)
+						}
+						errs <- err
+					}()
+					if rng.IntN(3) == 0 {
+						synctest.Wait()
+					}
+				}
+				time.Sleep(time.Second)
+				synctest.Wait()
+				for i := range n {
+					if rng.IntN(5) == 0 {
+						cancels[i]()
+						cancelled++
+						synctest.Wait()
+					}
+				}
+				require.NoError(t, h1.Release(ctx))
+				time.Sleep(time.Duration(rng.IntN(3)) * time.Second)
+				require.NoError(t, h2.Release(ctx))
+				time.Sleep(30 * time.Second)
+				synctest.Wait()
+				ok, failed := 0, 0
+				for range n {
+					select {
+					case err := <-errs:
+						if err == nil {
+							ok++
+						} else {
+							failed++
+						}
+					default:
+					}
+				}
+				for _, c := range cancels {
+					c()
+				}
+				require.Equal(t, n, ok+failed, "waiters still waiting 30s after the holders released (admitted %d, ended %d, cancelled %d)", ok, failed, cancelled)
+			})
+		})
+	}
 }
