@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/areev/runlease/internal/benchkit"
 )
 
 // bareContender is the least SQL that does the job: a waiters table
@@ -23,7 +25,7 @@ import (
 // admission. Lower priority numbers go first.
 type bareContender struct {
 	pool    *pgxpool.Pool
-	trip    *tripCounter
+	trip    *benchkit.TripCounter
 	schema  string
 	channel string
 	admitQ  string
@@ -49,8 +51,8 @@ type bareContender struct {
 const bareSweep = time.Second
 
 func newBare(ctx context.Context, dsn string, limit int) (*bareContender, error) {
-	c := &bareContender{trip: &tripCounter{}, waiting: map[int64]chan struct{}{}, done: make(chan struct{})}
-	pool, err := openPool(ctx, dsn, 0, c.trip)
+	c := &bareContender{trip: &benchkit.TripCounter{}, waiting: map[int64]chan struct{}{}, done: make(chan struct{})}
+	pool, err := benchkit.OpenCountedPool(ctx, dsn, 0, c.trip)
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +157,7 @@ func (c *bareContender) listen(ctx context.Context) {
 }
 
 func (c *bareContender) name() string     { return "bare" }
-func (c *bareContender) trips() int64     { return c.trip.load() }
+func (c *bareContender) trips() int64     { return c.trip.Load() }
 func (c *bareContender) tripUnit() string { return "round trips" }
 
 // run sends stmts as one pipelined batch (one implicit transaction) and

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"math"
-	"net"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -11,72 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
-
-// tripCounter counts round trips on network connections: a write that
-// follows a read (or is a connection's first) starts a new request,
-// however many Write calls the request takes, so statements pipelined
-// together count once, as they cost one wait for the network and the
-// server. It is safe for concurrent use.
-type tripCounter struct{ n atomic.Int64 }
-
-func (c *tripCounter) load() int64 { return c.n.Load() }
-
-func (c *tripCounter) dial(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		conn, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		cc := &countingConn{Conn: conn, c: c}
-		cc.read.Store(true)
-		return cc, nil
-	}
-}
-
-type countingConn struct {
-	net.Conn
-	c *tripCounter
-	// read is set by a read and cleared by the next write; pgx may read on
-	// a goroutine of its own while it writes, hence atomic.
-	read atomic.Bool
-}
-
-func (c *countingConn) Write(p []byte) (int, error) {
-	if c.read.Swap(false) {
-		c.c.n.Add(1)
-	}
-	return c.Conn.Write(p)
-}
-
-func (c *countingConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.read.Store(true)
-	}
-	return n, err
-}
-
-// openPool opens a pool on dsn whose connections' round trips trips
-// counts.
-func openPool(ctx context.Context, dsn string, maxConns int32, trips *tripCounter) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return nil, err
-	}
-	if maxConns > 0 {
-		cfg.MaxConns = maxConns
-	}
-	cfg.ConnConfig.DialFunc = trips.dial(cfg.ConnConfig.DialFunc)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return pool, nil
-}
 
 // drop runs a DROP statement, again when it fails: waiters cancelled a
 // moment before may still be taking their places out of the queue, and a

@@ -13,6 +13,8 @@ import (
 	"github.com/dbos-inc/dbos-transact-golang/dbos"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/areev/runlease/internal/benchkit"
 )
 
 // dbosContender admits through a DBOS Transact v1.9.0 queue whose worker
@@ -22,7 +24,7 @@ import (
 type dbosContender struct {
 	label  string
 	pool   *pgxpool.Pool
-	trip   *tripCounter
+	trip   *benchkit.TripCounter
 	schema string
 	ctx    dbos.Context
 	queue  dbos.Queue
@@ -39,8 +41,8 @@ type dbosJob struct {
 }
 
 func newDBOS(ctx context.Context, dsn string, limit int, poll time.Duration, label string) (*dbosContender, error) {
-	c := &dbosContender{label: label, trip: &tripCounter{}, jobs: map[string]*dbosJob{}, stop: make(chan struct{})}
-	pool, err := openPool(ctx, dsn, 0, c.trip)
+	c := &dbosContender{label: label, trip: &benchkit.TripCounter{}, jobs: map[string]*dbosJob{}, stop: make(chan struct{})}
+	pool, err := benchkit.OpenCountedPool(ctx, dsn, 0, c.trip)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +96,7 @@ func (c *dbosContender) hold(ctx dbos.Context, id string) (int, error) {
 }
 
 func (c *dbosContender) name() string     { return c.label }
-func (c *dbosContender) trips() int64     { return c.trip.load() }
+func (c *dbosContender) trips() int64     { return c.trip.Load() }
 func (c *dbosContender) tripUnit() string { return "round trips" }
 
 func (c *dbosContender) admit(ctx context.Context, w int, ahead bool, queued func()) (func(context.Context) error, error) {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/benchkit"
 )
 
 // runleaseContender admits through runlease.ClaimSlotsWait on one scope,
@@ -26,7 +27,7 @@ type runleaseContender struct {
 	store  runlease.Store
 	scope  runlease.Scope
 	w      *watch
-	ptrips *tripCounter
+	ptrips *benchkit.TripCounter
 	pool   *pgxpool.Pool
 	table  string
 	dir    string
@@ -49,9 +50,9 @@ func randHex() string {
 }
 
 func newRunleasePostgres(ctx context.Context, dsn string, limit int) (*runleaseContender, error) {
-	c := &runleaseContender{kind: "postgres", w: &watch{}, ptrips: &tripCounter{}, principals: 16,
+	c := &runleaseContender{kind: "postgres", w: &watch{}, ptrips: &benchkit.TripCounter{}, principals: 16,
 		scope: runlease.NamedScope(scopeName, limit)}
-	pool, err := openPool(ctx, dsn, 0, c.ptrips)
+	pool, err := benchkit.OpenCountedPool(ctx, dsn, 0, c.ptrips)
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +88,7 @@ func (c *runleaseContender) name() string { return "runlease-" + c.kind }
 
 func (c *runleaseContender) trips() int64 {
 	if c.ptrips != nil {
-		return c.ptrips.load()
+		return c.ptrips.Load()
 	}
 	return c.w.calls.Load()
 }

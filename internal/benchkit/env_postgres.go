@@ -101,11 +101,20 @@ func (p *pgEnv) peer(ctx context.Context) (s *runlease.PostgresStore, pool *pgxp
 }
 
 func openPool(ctx context.Context, dsn string, trips *TripCounter) (*pgxpool.Pool, error) {
+	return OpenCountedPool(ctx, dsn, PoolConns, trips)
+}
+
+// OpenCountedPool opens a pool of at most maxConns connections (pgxpool's
+// default when 0) on dsn, whose round trips trips counts, and checks that
+// the server answers.
+func OpenCountedPool(ctx context.Context, dsn string, maxConns int32, trips *TripCounter) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, errors.New("benchkit: the Postgres DSN does not parse")
 	}
-	cfg.MaxConns = PoolConns
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
 	cfg.ConnConfig.DialFunc = trips.Dial(cfg.ConnConfig.DialFunc)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
