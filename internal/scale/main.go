@@ -14,9 +14,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"flag"
-	"fmt"
 	"os"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,18 +25,7 @@ import (
 
 func main() {
 	dsn := flag.String("dsn", os.Getenv("RUNLEASE_TEST_POSTGRES"), "Postgres DSN")
-	n := flag.Int("leases", 100_000, "leases to keep alive")
-	ttl := flag.Duration("ttl", 30*time.Second, "lease TTL")
-	duration := flag.Duration("duration", 2*time.Minute, "how long to keep them after all are acquired")
-	workers := flag.Int("acquirers", 16, "goroutines acquiring the leases")
-	profile := flag.String("cpuprofile", "", "write a CPU profile of the run (acquiring and keeping) to this file")
-	heap := flag.String("heapprofile", "", "write a heap profile, taken once every lease is kept, to this file")
-	flag.Parse()
-	cfg := scalekit.Config{Leases: *n, TTL: *ttl, Duration: *duration, Acquirers: *workers, CPUProfile: *profile, HeapProfile: *heap}
-	if err := run(*dsn, cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "scale:", err)
-		os.Exit(1)
-	}
+	scalekit.Main(func(cfg scalekit.Config) error { return run(*dsn, cfg) })
 }
 
 func run(dsn string, sc scalekit.Config) error {
@@ -62,10 +49,5 @@ func run(dsn string, sc scalekit.Config) error {
 		return err
 	}
 	defer store.Close()
-	rep, err := scalekit.Run(ctx, store, sc)
-	if err != nil {
-		return err
-	}
-	rep.Print(os.Stdout)
-	return nil
+	return scalekit.Measure(ctx, store, sc, os.Stdout)
 }

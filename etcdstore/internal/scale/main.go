@@ -17,7 +17,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"flag"
-	"fmt"
 	"os"
 	"strings"
 	"time"
@@ -32,16 +31,7 @@ import (
 
 func main() {
 	endpoints := flag.String("endpoints", "", "comma-separated client URLs of a cluster; empty: start one")
-	n := flag.Int("leases", 100_000, "leases to keep alive")
-	ttl := flag.Duration("ttl", 30*time.Second, "lease TTL")
-	duration := flag.Duration("duration", 2*time.Minute, "how long to keep them after all are acquired")
-	workers := flag.Int("acquirers", 16, "goroutines acquiring the leases")
-	flag.Parse()
-	cfg := scalekit.Config{Leases: *n, TTL: *ttl, Duration: *duration, Acquirers: *workers}
-	if err := run(*endpoints, cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "scale:", err)
-		os.Exit(1)
-	}
+	scalekit.Main(func(cfg scalekit.Config) error { return run(*endpoints, cfg) })
 }
 
 func run(endpoints string, sc scalekit.Config) error {
@@ -76,10 +66,5 @@ func run(endpoints string, sc scalekit.Config) error {
 		return err
 	}
 	defer store.Close()
-	rep, err := scalekit.Run(ctx, store, sc)
-	if err != nil {
-		return err
-	}
-	rep.Print(os.Stdout)
-	return nil
+	return scalekit.Measure(ctx, store, sc, os.Stdout)
 }
