@@ -1,6 +1,7 @@
 // Package faultproxy is an in-process TCP proxy for fault tests: it forwards
-// connections to a target and can delay, blackhole or reset them on command,
-// so a test can cut one client off a real server while others keep using it.
+// connections to a target and can delay, blackhole, reset or refuse them, or
+// lose the reply to a request, on command, so a test can cut one client off
+// a real server while others keep using it.
 package faultproxy
 
 import (
@@ -22,6 +23,10 @@ const (
 	// connections are accepted but not forwarded either. Switching back to
 	// Pass delivers what was held, as TCP retransmission would.
 	Blackhole
+	// Refuse closes every new connection as soon as it is accepted, and an
+	// open one as soon as either side sends, as a server that went down
+	// does (see Cut).
+	Refuse
 )
 
 // Proxy forwards TCP connections from its own loopback address to a target.
@@ -32,9 +37,12 @@ type Proxy struct {
 	mu      sync.Mutex
 	mode    Mode
 	latency time.Duration
-	changed chan struct{} // closed and replaced when mode changes
-	conns   map[net.Conn]struct{}
-	wg      sync.WaitGroup
+	// dropNext > 0 arms the proxy to lose the reply to the next request
+	// (see DropAfterRequest).
+	dropNext time.Duration
+	changed  chan struct{} // closed and replaced when mode changes
+	conns    map[net.Conn]struct{}
+	wg       sync.WaitGroup
 }
 
 // Start listens on a free loopback port and forwards to target.
@@ -70,15 +78,54 @@ func (p *Proxy) SetLatency(d time.Duration) {
 
 // Reset closes every open connection abruptly (RST rather than FIN), as a
 // crashed middlebox or server does. New connections are still forwarded.
-func (p *Proxy) Reset() {
+func (p *Proxy) Reset() { p.closeAll(true) }
+
+// Cut drops every open connection, closing it as a peer that went away
+// does (FIN), and refuses new ones (mode Refuse) until Heal or SetMode.
+func (p *Proxy) Cut() {
+	p.SetMode(Refuse)
+	p.closeAll(false)
+}
+
+// DropAfterRequest arms the proxy to lose the reply to the next request:
+// the next bytes a client sends, on any connection, are forwarded, nothing
+// more is forwarded back on that connection, and after delay (time for the
+// server to apply the request) the connection is dropped.
+func (p *Proxy) DropAfterRequest(delay time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dropNext = delay
+}
+
+// Heal disarms DropAfterRequest and passes traffic again (mode Pass),
+// undoing Cut and Blackhole.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	p.dropNext = 0
+	p.mu.Unlock()
+	p.SetMode(Pass)
+}
+
+// closeAll closes every open connection, abruptly (RST) when rst is set.
+func (p *Proxy) closeAll(rst bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for c := range p.conns {
-		if tc, ok := c.(*net.TCPConn); ok {
+		if tc, ok := c.(*net.TCPConn); ok && rst {
 			tc.SetLinger(0)
 		}
 		c.Close()
 	}
+}
+
+// takeDrop disarms DropAfterRequest and returns the delay it was armed
+// with, 0 when it was not.
+func (p *Proxy) takeDrop() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d := p.dropNext
+	p.dropNext = 0
+	return d
 }
 
 // Close stops listening, closes every connection and waits for the
@@ -122,6 +169,9 @@ func (p *Proxy) untrack(c net.Conn) {
 func (p *Proxy) serve(client net.Conn) {
 	defer p.wg.Done()
 	defer client.Close()
+	if p.refusing() {
+		return
+	}
 	p.track(client)
 	defer p.untrack(client)
 	server, err := net.Dial("tcp", p.target)
@@ -132,25 +182,49 @@ func (p *Proxy) serve(client net.Conn) {
 	p.track(server)
 	defer p.untrack(server)
 	done := make(chan struct{}, 2)
-	go func() { p.pipe(server, client); done <- struct{}{} }()
-	go func() { p.pipe(client, server); done <- struct{}{} }()
+	mute := make(chan struct{}) // closed: the server's replies are lost
+	go func() { p.pipe(server, client, mute, true); done <- struct{}{} }()
+	go func() { p.pipe(client, server, mute, false); done <- struct{}{} }()
 	<-done
 	client.Close()
 	server.Close()
 	<-done
 }
 
+// refusing reports whether the proxy is in Refuse mode.
+func (p *Proxy) refusing() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mode == Refuse
+}
+
 // pipe copies src to dst chunk by chunk, holding each chunk while the proxy
-// is in Blackhole mode.
-func (p *Proxy) pipe(dst, src net.Conn) {
+// is in Blackhole mode. up is the client's side, the requests: a chunk of
+// them strikes an armed DropAfterRequest, which closes mute and so stops
+// the other side's pipe forwarding replies.
+func (p *Proxy) pipe(dst, src net.Conn, mute chan struct{}, up bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if !up && isClosed(mute) {
+			io.Copy(io.Discard, src) // until the connection is dropped
+			return
+		}
 		if n > 0 {
 			if !p.hold() {
 				return
 			}
+			var drop time.Duration
+			if up {
+				if drop = p.takeDrop(); drop > 0 {
+					close(mute)
+				}
+			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+			if drop > 0 {
+				time.Sleep(drop)
 				return
 			}
 		}
@@ -165,14 +239,24 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 	}
 }
 
+// isClosed reports whether ch is closed.
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
 // hold waits while the proxy is blackholed, then sleeps the latency. It
-// reports false when the proxy closed meanwhile.
+// reports false when the proxy closed meanwhile or refuses traffic.
 func (p *Proxy) hold() bool {
 	for {
 		p.mu.Lock()
 		mode, changed, latency, open := p.mode, p.changed, p.latency, p.conns != nil
 		p.mu.Unlock()
-		if !open {
+		if !open || mode == Refuse {
 			return false
 		}
 		if mode == Pass {
