@@ -263,25 +263,30 @@ func casResolved(ctx context.Context, s Store, key string, expected *string, val
 // resolveCAS resolves the outcome of a conditional write of value at key
 // (alone or in a batch) that returned ok and err, as casResolved describes.
 func resolveCAS(ctx context.Context, s Store, key string, expected *string, value string, ok bool, err error) (bool, error) {
-	if err == nil || !IsOutcomeUnknown(err) {
-		return ok, err
-	}
-	cur, found, rerr := s.MetaGet(ctx, key)
-	switch {
-	case rerr != nil:
-		return false, errors.Join(err, rerr)
-	case found && cur == value:
-		return true, nil
-	case expected == nil && !found, expected != nil && found && cur == *expected:
-		return false, err
-	}
-	return false, nil
+	return resolveByRead(ctx, s, key, ok, err,
+		func(cur string, found bool) bool { return found && cur == value },
+		func(cur string, found bool) bool {
+			return expected == nil && !found || expected != nil && found && cur == *expected
+		})
 }
 
 // deleteResolved is MetaDelete with an unknown outcome resolved the same
-// way: the row gone or replaced means it is no longer the expected row.
+// way: the row gone means the delete landed, the expected row still there
+// means it did not, and a row replaced is a lost race.
 func deleteResolved(ctx context.Context, s Store, key, expected string) (bool, error) {
 	ok, err := s.MetaDelete(ctx, key, expected)
+	return resolveByRead(ctx, s, key, ok, err,
+		func(_ string, found bool) bool { return !found },
+		func(cur string, found bool) bool { return found && cur == expected })
+}
+
+// resolveByRead resolves a write to key that returned ok and err. Unless
+// err is an unknown outcome, that is the answer. Otherwise it reads key
+// back: a row the write would leave (landed) means it applied; the row as
+// it was before (unchanged) means it did not, and err stands; anything else
+// means another writer moved the row, a lost race.
+func resolveByRead(ctx context.Context, s Store, key string, ok bool, err error,
+	landed, unchanged func(cur string, found bool) bool) (bool, error) {
 	if err == nil || !IsOutcomeUnknown(err) {
 		return ok, err
 	}
@@ -289,10 +294,10 @@ func deleteResolved(ctx context.Context, s Store, key, expected string) (bool, e
 	switch {
 	case rerr != nil:
 		return false, errors.Join(err, rerr)
-	case found && cur == expected:
-		return false, err
-	case !found:
+	case landed(cur, found):
 		return true, nil
+	case unchanged(cur, found):
+		return false, err
 	}
 	return false, nil
 }
