@@ -97,7 +97,9 @@ func batchCommit(store Store) func(context.Context, []Cond, []Op) error {
 // the admission fenced by the lease (a driver whose lease was taken over
 // is admitted nowhere, and gets its [*LeaseLostError]). It takes
 // [WithPriority], [WithFairShare] and [WithWaitPoll]. A waiter of a newer
-// driver of the run (a higher fence) takes the place of an older one's.
+// driver of the run (a higher fence) takes the place of an older one's: at
+// its rank when it waits for the same principal and priority and in no
+// scope the older one did not wait in, else as a new waiter.
 func (l *Lease) ClaimSlotsWait(ctx context.Context, scopes []Scope, opts ...Option) (*Slots, error) {
 	o, err := l.claimStart(opts, optsRank|optPoll, "Lease.ClaimSlotsWait")
 	if err != nil {
@@ -244,8 +246,29 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 			}
 			return nil, err
 		}
-		if w.queued && !w.stillQueued(states) {
-			w.requeued("the run's place in the queue was taken or expired")
+		if w.queued {
+			own := w.checkOwn // the read holds the run's own rows
+			lost := ""
+			switch {
+			case w.stalled():
+				// The read took so long (a store that stalled, a paused
+				// process) that others may have seen its entries expire:
+				// it is not admitted on them, and queues again, as a
+				// waiter that stalled asleep does (keepPlace).
+				lost = "the waiter stalled past its TTL"
+			case !w.stillQueued(states):
+				lost = "the run's place in the queue was taken or expired"
+			}
+			if lost != "" {
+				w.requeued(lost)
+				if !own {
+					// It ranks anew from a read of its own rows (its
+					// principal's mark, the virtual time at its
+					// priority, its place row), which a room's read
+					// does not hold.
+					continue
+				}
+			}
 		}
 		if err := w.aloneInQueue(ctx, states); err != nil {
 			return nil, err
@@ -260,14 +283,15 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 		// admission moves no mark) instead of racing again for every unit.
 		queueFirst := admitted && !w.queued && raced
 		if admitted && !queueFirst {
+			// An admission from a place holds only if the place was
+			// still trusted when the batch landed: confirmed within it.
+			onPlace, placeEnd := w.queued, w.placeTrustEnd()
 			held, err := w.admit(ctx, states, rank, plans)
 			// Read what follows the write, whatever it did: a refusal
 			// means a row changed since the (perhaps shared) read.
 			w.fresh = roomTick()
 			switch {
-			case err == nil && w.trusted(held):
-				return held, nil
-			case err == nil:
+			case err == nil && !w.trusted(held):
 				// Landed, or confirmed, a TTL less the margin after the
 				// attempt began, from which its rows were stamped: they are
 				// expiring or gone, and others may have been admitted over
@@ -275,6 +299,16 @@ func (w *waiter) run(ctx context.Context) ([]*heldSlot, error) {
 				w.giveBack(ctx, held)
 				w.requeued("its admission was confirmed after its trust window ran out")
 				continue
+			case err == nil && onPlace && !time.Now().Before(placeEnd):
+				// Confirmed only after the trust of the place it was
+				// admitted from ended: the entries may have expired before
+				// the batch applied, and others ranked ahead of it
+				// meanwhile. Give the slots back and queue again.
+				w.giveBack(ctx, held)
+				w.requeued("its place lapsed before its admission was confirmed")
+				continue
+			case err == nil:
+				return held, nil
 			case errors.Is(err, ErrConditionFailed):
 				// A slot or an entry changed since the read: read again,
 				// with the run's own rows when it is queued (its place
@@ -439,15 +473,11 @@ func (w *waiter) rank(states []*scopeState) *queueEntry {
 	if w.queued {
 		return &me
 	}
-	for _, st := range states {
+	if d := w.inherited(states); d != nil {
 		// A newer driver's waiter takes the older one's place: its rank,
-		// already charged to the principal's mark.
-		if d := st.displaced; d != nil {
-			if e, err := decodeEntry(d.Value); err == nil {
-				me.Tag, me.EnqMS = e.Tag, e.EnqMS
-				return &me
-			}
-		}
+		// already charged to the principal's marks.
+		me.Tag, me.EnqMS = d.Tag, d.EnqMS
+		return &me
 	}
 	for i, st := range states {
 		// A mark still as this waiter's lost place left it ranks the run
@@ -465,6 +495,34 @@ func (w *waiter) rank(states []*scopeState) *queueEntry {
 	me.Tag = rankIn(states, w.s.runID, me.Principal, me.Priority)
 	me.EnqMS = max(states[0].nowMS, 1)
 	return &me
+}
+
+// inherited returns the rank of the older driver's waiter whose place
+// this one takes (aloneInQueue), when it can keep that rank: the older
+// waiter's live entry is displaced in every scope of the claim, at one
+// rank, for the same principal and priority. Its tag was charged to that
+// principal's marks in those scopes alone, from that priority's virtual
+// time: in another scope, or for another principal or priority, it could
+// rank the run ahead of entries queued before it there (the principal's
+// own later runs among them) or share their tag. The run then ranks as a
+// new one, behind them, and the older entries still go with its place or
+// admission (clearOwn).
+func (w *waiter) inherited(states []*scopeState) *queueEntry {
+	var rank *queueEntry
+	for _, st := range states {
+		if st.displaced == nil {
+			return nil
+		}
+		e, err := decodeEntry(st.displaced.Value)
+		switch {
+		case err != nil, e.Principal != w.me.Principal, e.Priority != w.me.Priority:
+			return nil
+		case rank != nil && (e.Tag != rank.Tag || e.EnqMS != rank.EnqMS):
+			return nil
+		}
+		rank = &e
+	}
+	return rank
 }
 
 // plan plans the claim in every scope at rank, and reports whether every
