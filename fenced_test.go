@@ -9,22 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
-	"github.com/areev/runlease/internal/pgtest"
 	"github.com/areev/runlease/internal/testkit"
 )
-
-// bothStores runs fn on the embedded store and, when the Postgres tests are
-// enabled, on the shared one.
-func bothStores(t *testing.T, fn func(t *testing.T, s runlease.Store)) {
-	t.Run("sqlite", func(t *testing.T) {
-		t.Parallel()
-		fn(t, newSQLite(t))
-	})
-	t.Run("postgres", func(t *testing.T) {
-		t.Parallel()
-		fn(t, openPG(t, pgtest.DSN(t), pgtest.NewTable(t, pgtest.Pool(t))))
-	})
-}
 
 func TestFencedWrites(t *testing.T) {
 	t.Parallel()

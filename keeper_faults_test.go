@@ -13,14 +13,6 @@ import (
 	"github.com/areev/runlease/internal/testkit"
 )
 
-// faultyBubble returns a fault-injecting store over an embedded store, made
-// inside a synctest bubble, that renews many leases at once as the embedded
-// store does.
-func faultyBubble(t *testing.T) testkit.FaultyMulti {
-	t.Helper()
-	return testkit.FaultyMulti{Faulty: &testkit.Faulty{Store: bubbleStore(t)}}
-}
-
 // TestKeeperFaults holds the regression cases of the keeper's concurrency
 // design (CONCURRENCY.md): each subtest is a schedule that once broke a
 // promise of the README.

@@ -15,15 +15,6 @@ import (
 	"github.com/areev/runlease/internal/pgtest"
 )
 
-// openPG opens a store on a fresh table of the test server.
-func openPG(t *testing.T, dsn, table string, opts ...runlease.PostgresOption) *runlease.PostgresStore {
-	t.Helper()
-	s, err := runlease.OpenPostgres(t.Context(), dsn, append([]runlease.PostgresOption{runlease.WithTable(table)}, opts...)...)
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
 func serverNow(t *testing.T, s *runlease.PostgresStore) time.Time {
 	t.Helper()
 	now, _ := s.ClockNow()

@@ -181,14 +181,6 @@ func TestKeeperReleaseReportsALeaseLostBefore(t *testing.T) {
 	}
 }
 
-// forceRelease releases run r1 as an operator does.
-func forceRelease(t *testing.T, s runlease.Store) {
-	t.Helper()
-	info, err := runlease.Peek(t.Context(), s, "r1")
-	require.NoError(t, err)
-	require.NoError(t, runlease.ForceRelease(t.Context(), s, info))
-}
-
 // endsSilently is a context that reports itself ended (Err) without ever
 // closing Done once end is called: the moment between a context's end and
 // the keeper's watch of it, held open.

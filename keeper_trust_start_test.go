@@ -13,68 +13,6 @@ import (
 	"github.com/areev/runlease"
 )
 
-// slowReplies is a SQLite store whose writes land at once and whose
-// replies come back a delay later, as over a slow network: the row a write
-// stamped has been in the store, ageing, since the write was sent. It
-// records when the last write that landed was sent. Once hung, writes land
-// nothing and return only when their context ends.
-type slowReplies struct {
-	*runlease.SQLiteStore
-	delay time.Duration
-	mu    sync.Mutex
-	sent  time.Time // when the last write that landed was sent
-	hung  bool
-	many  int // MetaCASMany calls
-}
-
-func (s *slowReplies) write(ctx context.Context, op string, do func() (bool, error)) (bool, error) {
-	start := time.Now()
-	s.mu.Lock()
-	hung := s.hung
-	s.mu.Unlock()
-	if hung {
-		<-ctx.Done()
-		return false, &runlease.StorageError{Op: op, Err: ctx.Err()}
-	}
-	landed, err := do()
-	if landed && err == nil {
-		s.mu.Lock()
-		s.sent = start
-		s.mu.Unlock()
-	}
-	time.Sleep(s.delay) // the reply is on its way
-	return landed, err
-}
-
-func (s *slowReplies) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
-	return s.write(ctx, "MetaCAS", func() (bool, error) { return s.SQLiteStore.MetaCAS(ctx, key, expected, value) })
-}
-
-func (s *slowReplies) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]bool, error) {
-	s.mu.Lock()
-	s.many++
-	s.mu.Unlock()
-	var swapped []bool
-	_, err := s.write(ctx, "MetaCASMany", func() (bool, error) {
-		var err error
-		swapped, err = s.SQLiteStore.MetaCASMany(ctx, writes)
-		return len(swapped) > 0 && swapped[0], err
-	})
-	return swapped, err
-}
-
-func (s *slowReplies) lastSent() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.sent
-}
-
-func (s *slowReplies) hang() {
-	s.mu.Lock()
-	s.hung = true
-	s.mu.Unlock()
-}
-
 // plainStore hides every capability of the store it wraps but the Store
 // methods: a lease on it renews alone, never in a batch.
 type plainStore struct{ runlease.Store }
@@ -185,13 +123,4 @@ func TestKeeperTrustStartsWhenTheLastWriteWasSent(t *testing.T) {
 			})
 		})
 	}
-}
-
-// stillClock is an expiry clock that reads epoch whatever the time.
-func stillClock(time.Time) func() time.Time { return func() time.Time { return epoch } }
-
-// laggingClock is an expiry clock that runs at a quarter of the speed of
-// the monotonic clock from start.
-func laggingClock(start time.Time) func() time.Time {
-	return func() time.Time { return epoch.Add(time.Since(start) / 4) }
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,48 +16,6 @@ import (
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/testkit"
 )
-
-var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-
-// newSQLite opens an embedded store in a fresh temporary folder.
-func newSQLite(t *testing.T) *runlease.SQLiteStore {
-	t.Helper()
-	s, err := runlease.OpenSQLite(filepath.Join(t.TempDir(), "runs.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
-// rows returns every row of the store, to prove a call wrote nothing.
-func rows(t *testing.T, s runlease.Store) []runlease.Row {
-	t.Helper()
-	r, err := s.MetaScan(t.Context(), "")
-	require.NoError(t, err)
-	return r
-}
-
-func put(t *testing.T, s runlease.Store, key, value string) {
-	t.Helper()
-	ok, err := s.MetaCAS(t.Context(), key, nil, value)
-	require.NoError(t, err)
-	require.True(t, ok)
-}
-
-func get(t *testing.T, s runlease.Store, key string) string {
-	t.Helper()
-	v, found, err := s.MetaGet(t.Context(), key)
-	require.NoError(t, err)
-	require.True(t, found, "no row at %q", key)
-	return v
-}
-
-// deadlinePassed is a context whose deadline has passed while the timer
-// that ends it has not run yet: Err is still nil and Done still open, as a
-// context's are between its deadline and its timer's goroutine. Shared by
-// the tests of AcquireWait and ClaimSlotsWait at their deadline.
-type deadlinePassed struct{ context.Context }
-
-func (deadlinePassed) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
 
 func TestLease(t *testing.T) {
 	t.Parallel()

@@ -17,39 +17,6 @@ import (
 	"github.com/areev/runlease/internal/testkit"
 )
 
-// readHook is a Batcher store that runs a function after a read of a key,
-// before the reply: another writer's move between two reads of one call.
-type readHook struct {
-	runlease.Store
-	mu    sync.Mutex
-	after map[string]func()
-}
-
-func (h *readHook) on(key string, fn func()) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.after == nil {
-		h.after = map[string]func(){}
-	}
-	h.after[key] = fn
-}
-
-func (h *readHook) MetaGet(ctx context.Context, key string) (string, bool, error) {
-	v, found, err := h.Store.MetaGet(ctx, key)
-	h.mu.Lock()
-	fn := h.after[key]
-	delete(h.after, key)
-	h.mu.Unlock()
-	if fn != nil {
-		fn()
-	}
-	return v, found, err
-}
-
-func (h *readHook) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runlease.Op) (bool, error) {
-	return h.Store.(runlease.Batcher).MetaBatch(ctx, conds, ops)
-}
-
 // TestAdversaryWriteIfFaultsAreNeitherSuccessNorConditionFailure pins how a
 // fenced conditional write reports faults: a refused condition whose reply
 // was lost is an unknown outcome, never success nor a condition failure; a

@@ -1,8 +1,6 @@
 package runlease_test
 
 import (
-	"context"
-	"encoding/json"
 	"strconv"
 	"testing"
 	"time"
@@ -13,69 +11,6 @@ import (
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/testkit"
 )
-
-// process is one process's Store value for a database that other
-// processes reach through values of their own: it says nothing of what it
-// wraps, so the lineages and the remembered leftovers of the slots claimed
-// through it are its own, as those of another process are.
-type process struct {
-	*testkit.Faulty
-	id int
-}
-
-// slotWriter is another writer of run r's slot rows: the same run driven
-// from another process, of this version or of the reference.
-type slotWriter struct {
-	name string
-	// write takes key for run r at now, for ttl, where the row is expired
-	// by that clock (or is the run's own, which the reference re-uses).
-	write func(t *testing.T, f *testkit.Faulty, key string, now time.Time, ttl time.Duration)
-}
-
-var slotWriters = []slotWriter{
-	{"another_process", func(t *testing.T, f *testkit.Faulty, key string, now time.Time, ttl time.Duration) {
-		scope, _, _ := cutSlotKey(key)
-		_, err := runlease.ClaimSlots(context.Background(), process{f, 2}, "r", []runlease.Scope{runlease.NamedScope(scope, 1)},
-			runlease.WithClock(func() time.Time { return now }), runlease.WithTTL(ttl))
-		require.NoError(t, err)
-	}},
-	{"the_reference", func(t *testing.T, f *testkit.Faulty, key string, now time.Time, ttl time.Duration) {
-		// Its claim: a compare-and-swap over the row it read, fence 0.
-		cur, found, err := f.Store.MetaGet(context.Background(), key)
-		require.NoError(t, err)
-		var expected *string
-		if found {
-			expected = &cur
-		}
-		row := `{"holder":"r","fence":0,"until_ms":` + strconv.FormatInt(now.Add(ttl).UnixMilli(), 10) + `}`
-		ok, err := f.Store.MetaCAS(context.Background(), key, expected, row)
-		require.NoError(t, err)
-		require.True(t, ok)
-	}},
-}
-
-// slotFence returns the fence of a slot row a claim wrote, its claim id:
-// never 0, which the reference writes, and below 2^63.
-func slotFence(t *testing.T, row string) uint64 {
-	t.Helper()
-	var r struct {
-		Fence uint64 `json:"fence"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(row), &r), "row %s", row)
-	require.NotZero(t, r.Fence, "row %s carries no claim id", row)
-	require.Less(t, r.Fence, uint64(1)<<63, "row %s", row)
-	return r.Fence
-}
-
-func cutSlotKey(key string) (scope string, slot int, ok bool) {
-	for i := len(key) - 1; i >= 0; i-- {
-		if key[i] == ':' {
-			n, err := strconv.Atoi(key[i+1:])
-			return key[len(runlease.SlotPrefix):i], n, err == nil
-		}
-	}
-	return "", 0, false
-}
 
 // TestSlotLeftoverIsNeverAnotherProcesssRow: a claim of run r here sends
 // its row and the outcome is unknown; it did not land. The process

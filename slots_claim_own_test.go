@@ -1,8 +1,6 @@
 package runlease_test
 
 import (
-	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -10,20 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
-	"github.com/areev/runlease/internal/pgtest"
 	"github.com/areev/runlease/internal/testkit"
 )
-
-// slotStores are the stores the slot rules are proved on: SQLite in a
-// temporary folder always, and Postgres when RUNLEASE_TEST_POSTGRES is set
-// (the subtest is skipped otherwise).
-var slotStores = []struct {
-	name string
-	open func(t *testing.T) runlease.Store
-}{
-	{"sqlite", func(t *testing.T) runlease.Store { return newSQLite(t) }},
-	{"postgres", func(t *testing.T) runlease.Store { return pgStore(t, pgtest.Pool(t)) }},
-}
 
 // TestSlotRowsBelongToOneClaim: a slot row is the row of the one claim
 // that wrote it, as a lease's row is its Lease's. A second claim of the
@@ -188,53 +174,6 @@ func TestSlotRowsOfAnEarlierClaimMakeAWaitOfTheRunWait(t *testing.T) {
 	left, err := s.MetaScan(ctx, runlease.SlotPrefix)
 	require.NoError(t, err)
 	assert.Empty(t, left, "released, the wait's slot is freed")
-}
-
-// waitResult is what a ClaimSlotsWait in the background returned.
-type waitResult struct {
-	slots *runlease.Slots
-	err   error
-}
-
-// waitInBackground starts ClaimSlotsWait of run in scopes, with a poll of
-// an hour so that only the store's wake-ups admit it.
-func waitInBackground(ctx context.Context, s runlease.Store, run string, scopes []runlease.Scope, opts ...runlease.Option) <-chan waitResult {
-	res := make(chan waitResult, 1)
-	opts = append([]runlease.Option{runlease.WithWaitPoll(time.Hour)}, opts...)
-	go func() {
-		sl, err := runlease.ClaimSlotsWait(ctx, s, run, scopes, opts...)
-		res <- waitResult{sl, err}
-	}()
-	return res
-}
-
-// awaitWaiting returns once run has an entry in a queue of the store, and
-// fails t if its wait returns first.
-func awaitWaiting(t *testing.T, s runlease.Store, run string, res <-chan waitResult) {
-	t.Helper()
-	for {
-		entries, err := s.MetaScan(t.Context(), runlease.QueuePrefix)
-		require.NoError(t, err)
-		for _, e := range entries {
-			if strings.HasSuffix(e.Key, ":"+run) && strings.Contains(e.Value, `"run":"`+run+`"`) {
-				return
-			}
-		}
-		select {
-		case got := <-res:
-			t.Fatalf("the wait of %s returned before it queued: %v (holding %v)", run, got.err, held(got.slots))
-		case <-t.Context().Done():
-			t.Fatal(t.Context().Err())
-		case <-time.After(time.Millisecond):
-		}
-	}
-}
-
-func held(s *runlease.Slots) []runlease.SlotInfo {
-	if s == nil {
-		return nil
-	}
-	return s.Held()
 }
 
 // TestSlotRowsLeftByAFailedClaimAreTheRunsAgain: a claim whose write

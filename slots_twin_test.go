@@ -73,11 +73,6 @@ func TestSlotsRowOfAnotherClaimOfTheRunIsNotAdopted(t *testing.T) {
 	require.NoError(t, s2.Renew(ctx))
 }
 
-// wrapped is a decorator of a store that says which store it wraps.
-type wrapped struct{ *testkit.Faulty }
-
-func (w wrapped) Unwrap() runlease.Store { return w.Faulty }
-
 // TestSlotsOfOneRunThroughAWrapperAreStampedApart: a run's successor
 // driver, whose clock runs ahead, claims the run's slot through a
 // decorator of the store its predecessor used, once the predecessor's row
