@@ -2,10 +2,10 @@ package runlease_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strconv"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -385,36 +385,6 @@ func TestRowsNeverExpireBeforeTheirAttemptIsTTLOld(t *testing.T) {
 	}
 }
 
-func TestAcquireWaitReturnsTheContextsErrorDuringAStoreCall(t *testing.T) {
-	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		f := &testkit.Faulty{Store: bubbleStore(t)}
-		_, err := runlease.Acquire(t.Context(), f, "r1", "A", runlease.WithTTL(time.Hour))
-		require.NoError(t, err)
-		f.HangWrites(testkit.Prefix(runlease.LeasePrefix))
-		put(t, f.Store, "runlease:r2", `{"holder":"","fence":1,"until_ms":1}`) // a released run
-		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-		defer cancel()
-		l, err := runlease.AcquireWait(ctx, f, "r2", "B")
-		assert.Nil(t, l)
-		require.Equal(t, context.DeadlineExceeded, err, "ctx.Err() itself, not a storage error")
-	})
-}
-
-func TestAcquireWaitDoesNotSpinOnALeaseCenturiesAway(t *testing.T) {
-	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		s := &testkit.Counting{Store: bubbleStore(t)}
-		put(t, s.Store, "runlease:r1", `{"holder":"X","fence":1,"until_ms":`+strconv.FormatInt(1<<62, 10)+`}`)
-		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-		defer cancel()
-		s.Reset()
-		_, err := runlease.AcquireWait(ctx, s, "r1", "B", runlease.WithWaitPoll(time.Second))
-		require.ErrorIs(t, err, context.DeadlineExceeded)
-		assert.LessOrEqual(t, s.Total(), int64(30), "about one read per poll, not one per millisecond")
-	})
-}
-
 func TestAcquireRetriesRacesLostOnAFreeRow(t *testing.T) {
 	t.Parallel()
 	inner := newSQLite(t)
@@ -450,3 +420,127 @@ func TestAcquireRefusalSaysTheRunIsHeldNotLost(t *testing.T) {
 
 // byValue is a store that is not a pointer.
 type byValue struct{ *testkit.Faulty }
+
+func TestUnknownOutcomesAreResolvedByReading(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	newFaulty := func(t *testing.T) (*testkit.Faulty, *testkit.Clock) {
+		return &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+	}
+
+	t.Run("an_applied_acquire_whose_reply_was_lost_is_held", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newFaulty(t)
+		s.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+		l, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		require.NoError(t, l.Renew(ctx))
+	})
+
+	t.Run("an_acquire_that_did_not_apply_is_a_fault_not_a_loss", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newFaulty(t)
+		s.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS")})
+		_, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.ErrorIs(t, err, runlease.ErrStorage)
+		assert.NotErrorIs(t, err, runlease.ErrLeaseLost)
+		assert.Empty(t, rows(t, s))
+	})
+
+	t.Run("a_renewal_that_did_not_apply_can_be_retried", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newFaulty(t)
+		l, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(time.Second)
+		s.Next(testkit.Fault{Apply: false, Err: testkit.Unknown("MetaCAS")})
+		err = l.Renew(ctx)
+		require.ErrorIs(t, err, runlease.ErrOutcomeUnknown)
+		assert.NotErrorIs(t, err, runlease.ErrLeaseLost, "never a false loss")
+		require.NoError(t, l.Renew(ctx))
+		requireExpiryAtLeast(t, clk.Now().Add(runlease.DefaultTTL), l.Expiry())
+	})
+
+	t.Run("an_applied_renewal_whose_reply_was_lost_counts", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newFaulty(t)
+		l, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		clk.Advance(time.Second)
+		s.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+		require.NoError(t, l.Renew(ctx))
+		clk.Advance(time.Second)
+		require.NoError(t, l.Renew(ctx), "the next renewal presents the row that landed")
+	})
+
+	t.Run("a_renewal_whose_outcome_stayed_unknown_is_not_a_later_loss", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newFaulty(t)
+		l, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		for range 3 { // applied each time, but neither the reply nor a read-back got through
+			clk.Advance(time.Second)
+			s.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS")})
+			s.FailReads(1)
+			require.ErrorIs(t, l.Renew(ctx), runlease.ErrOutcomeUnknown)
+		}
+		clk.Advance(time.Second)
+		require.NoError(t, l.Renew(ctx), "the row that landed is recognised as this lease's own")
+		requireExpiryAtLeast(t, clk.Now().Add(runlease.DefaultTTL), l.Expiry())
+		require.NoError(t, l.Release(ctx))
+	})
+
+	t.Run("a_renewal_refused_before_sending_is_not_resolved", func(t *testing.T) {
+		t.Parallel()
+		s, clk := newFaulty(t)
+		l, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithClock(clk.Now))
+		require.NoError(t, err)
+		s.Next(testkit.Fault{Apply: false, Err: testkit.NotApplied("MetaCAS")})
+		err = l.Renew(ctx)
+		require.ErrorIs(t, err, runlease.ErrStorage)
+		assert.False(t, runlease.IsOutcomeUnknown(err))
+		require.NoError(t, l.Renew(ctx))
+	})
+}
+
+// TestAcquireCutShortByItsContextReleasesWhatItWrote: Acquire's write
+// lands with its reply lost, and the read-back fails because the context
+// ended. Acquire releases the row it wrote and returns a fault that changed
+// nothing; when that release fails too, the fault stays one of unknown
+// outcome, as documented, and the row is the holder's until it expires.
+// Either way the Acquired hook hears of a failure, at fence 0.
+func TestAcquireCutShortByItsContextReleasesWhatItWrote(t *testing.T) {
+	t.Parallel()
+	for _, releaseFails := range []bool{false, true} {
+		t.Run(fmt.Sprintf("release_fails=%v", releaseFails), func(t *testing.T) {
+			t.Parallel()
+			f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			f.Next(testkit.Fault{Apply: true, Err: testkit.Unknown("MetaCAS"), Then: func() {
+				f.FailReads(1)
+				if releaseFails {
+					f.FailWrites(testkit.Prefix(runlease.LeasePrefix))
+				}
+				cancel()
+			}})
+			var events []runlease.AcquireEvent
+			hooks := runlease.Hooks{Acquired: func(e runlease.AcquireEvent) { events = append(events, e) }}
+			l, err := runlease.Acquire(ctx, f, "r1", "A", runlease.WithClock(clk.Now), runlease.WithHooks(hooks))
+			require.Nil(t, l)
+			require.ErrorIs(t, err, runlease.ErrStorage)
+			require.Len(t, events, 1)
+			require.Equal(t, runlease.AcquireEvent{RunID: "r1", Holder: "A", Latency: events[0].Latency, Err: err}, events[0],
+				"the hook hears of a failure, at fence 0")
+			require.Equal(t, releaseFails, runlease.IsOutcomeUnknown(err), "%v", err)
+			row := get(t, f, "runlease:r1")
+			if releaseFails {
+				require.Contains(t, row, `"holder":"A"`, "the row written stays until it expires")
+				return
+			}
+			require.ErrorIs(t, err, context.Canceled, "a fault that changed nothing, for the context's end")
+			require.Contains(t, row, `"holder":""`, "the row written is released")
+			require.Contains(t, row, `"fence":1`)
+		})
+	}
+}
