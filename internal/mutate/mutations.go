@@ -89,8 +89,8 @@ var (
 		"TestLineageWinsReturningOutOfLandingOrderDoNotWedgeTheHolder",
 		"TestLineageWinsReturningOutOfLandingOrderDoNotEndTheKeeper",
 		"TestLineageFailedAcquisitionStampedAsARenewalDoesNotWedgeTheHolder",
-		"TestTwiceNoOpReentryDoesNotWedgeTheWinner", "TestTwiceReentryOfUnknownOutcomeDoesNotWedgeTheNextLease",
-		"TestTwiceNoOpReentryDoesNotEndTheWinnersKeeper", "TestTwiceUnknownAcquisitionMatchesOneSentinel"}
+		"TestLineageNoOpReentryDoesNotWedgeTheWinner", "TestLineageReentryOfUnknownOutcomeDoesNotWedgeTheNextLease",
+		"TestLineageNoOpReentryDoesNotEndTheWinnersKeeper", "TestAnUnknownAcquisitionMatchesOneSentinel"}
 	coreTests = with(with(with(leaseTests, keeperTests...), lineageTests...), sims...)
 	// lineTests are the admission queue's: its line, places, marks,
 	// clocks, legacy entries and Prune of them.
@@ -245,7 +245,7 @@ var catalog = []mutation{
 		Old:    "	if cerr == nil {\n		return fault\n	}\n	l.fence, l.lineage",
 		New:    "	if true {\n		return fault\n	}\n	l.fence, l.lineage",
 		Breaks: "An acquisition whose context ends while its write's outcome is unknown leaves the row it wrote: the run stays blocked in the holder's name for a TTL though the caller never received the lease.",
-		Pkg:    ".", Tests: []string{"TestTwiceAcquireWaitContextEndReleasesALandedWrite", "TestAcquireCutShortByItsContextReleasesWhatItWrote"},
+		Pkg:    ".", Tests: []string{"TestAcquireWaitContextEndReleasesALandedWrite", "TestAcquireCutShortByItsContextReleasesWhatItWrote"},
 	},
 	{
 		Name:   "sqlite-scan-ignores-its-context",
