@@ -2,12 +2,9 @@ package runlease_test
 
 import (
 	"context"
-	"errors"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -169,74 +166,4 @@ func TestAdversaryReadBesideBatchedKeepers(t *testing.T) {
 		require.NoError(t, k.Err())
 	}
 	assert.Positive(t, reads.Load())
-}
-
-// TestAdversaryKeepOfAnExpiredLeaseEndsAtOnce keeps a lease whose trust
-// window ran out, on a shared Renewer and on one of its own, with a context
-// that can end, while Release and the context's end race it: the keeper has
-// ended when Keep returns, its work context is cancelled, the Lost hook runs
-// at most once, and no goroutine is left behind (synctest waits for them).
-func TestAdversaryKeepOfAnExpiredLeaseEndsAtOnce(t *testing.T) {
-	t.Parallel()
-	five := runlease.WithTTL(5 * time.Second)
-	for _, shared := range []bool{true, false} {
-		name := map[bool]string{true: "shared_renewer", false: "own_renewer"}[shared]
-		t.Run(name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				s := faultyBubble(t)
-				var r runlease.Renewer
-				defer r.Close()
-				for i := range 20 {
-					id := "ke" + strconv.Itoa(i)
-					var lost atomic.Int64
-					hooks := runlease.WithHooks(runlease.Hooks{Lost: func(runlease.LossEvent) { lost.Add(1) }})
-					l, err := runlease.Acquire(t.Context(), s, id, "A", five, hooks)
-					require.NoError(t, err)
-					time.Sleep(4600 * time.Millisecond) // past TTL - margin
-					ctx, cancel := context.WithCancel(t.Context())
-					keep := r.Keep
-					if !shared {
-						keep = runlease.Keep
-					}
-					var wg sync.WaitGroup
-					wg.Go(func() {
-						if i%2 == 0 {
-							cancel()
-						}
-					})
-					wg.Go(func() {
-						if i%3 == 0 {
-							_ = l.Release(t.Context())
-						}
-					})
-					k, err := keep(ctx, l)
-					if err != nil {
-						require.ErrorIs(t, err, runlease.ErrReleased)
-						wg.Wait()
-						cancel()
-						continue
-					}
-					select {
-					case <-k.Done():
-					default:
-						t.Fatal("Keep returned a live keeper of a lease whose trust ran out")
-					}
-					require.Error(t, k.Context().Err())
-					require.Error(t, k.Err())
-					wg.Wait()
-					cancel()
-					k.Stop()
-					synctest.Wait()
-					assert.LessOrEqual(t, lost.Load(), int64(1), "one end, one report")
-					if i%3 != 0 {
-						if err := k.Err(); i%2 != 0 || !errors.Is(err, runlease.ErrKeeperStopped) {
-							require.ErrorIs(t, err, runlease.ErrTrustExpired)
-						}
-						require.NoError(t, l.Renew(t.Context()), "the lease itself is not lost")
-						require.NoError(t, l.Release(t.Context()))
-					}
-				}
-			})
-		})
-	}
 }

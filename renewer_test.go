@@ -2,7 +2,9 @@ package runlease_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -194,5 +196,116 @@ func TestRenewerBatchMemberHangs(t *testing.T) {
 			}
 			wg.Wait()
 		})
+	})
+}
+
+// TestRenewerBatchHookHangs holds rule 2 of CONCURRENCY.md for the hooks of
+// a batched renewal: a keeper's hook may call its own lease (README,
+// Observability), and when that call hangs on the store, it delays only
+// that lease. The other members of the batch go on renewing and keep their
+// trust.
+func TestRenewerBatchHookHangs(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a_hung_Renew_in_one_members_Renewed_hook_leaves_the_others_renewing", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			raw := bubbleStore(t)
+			ctx := t.Context()
+			// Calls of a's key alone hang, ignoring their context, until
+			// deaf is closed; batched renewals go through.
+			s := &memberHangStore{Store: raw, key: runlease.LeasePrefix + "a", deaf: make(chan struct{})}
+			ttl := runlease.WithTTL(5 * time.Second)
+			every := runlease.KeepInterval(time.Second)
+			a, err := runlease.Acquire(ctx, s, "a", "A", ttl)
+			require.NoError(t, err)
+			b, err := runlease.Acquire(ctx, s, "b", "B", ttl)
+			require.NoError(t, err)
+
+			var r runlease.Renewer
+			var once atomic.Bool
+			// a's driver renews once more from its hook, as a driver may;
+			// that write of a hangs.
+			hooks := runlease.Hooks{Renewed: func(ev runlease.RenewEvent) {
+				if ev.Err == nil && once.CompareAndSwap(false, true) {
+					s.armed.Store(true)
+					_ = a.Renew(context.Background())
+				}
+			}}
+			ka, err := r.Keep(ctx, a, every, runlease.WithHooks(hooks))
+			require.NoError(t, err)
+			kb, err := r.Keep(ctx, b, every)
+			require.NoError(t, err)
+			defer r.Close()
+			defer ka.Stop()
+			defer kb.Stop()
+			defer close(s.deaf) // before the keepers stop and the Renewer closes
+
+			trusted := kb.TrustedUntil()
+			time.Sleep(10 * time.Second)
+			synctest.Wait()
+			require.Equal(t, int32(1), s.hung.Load(), "a's Renew from its hook still hangs")
+			require.NoError(t, kb.Err(), "b's keeper renews on, whatever a's hook waits for")
+			assert.True(t, kb.TrustedUntil().After(trusted.Add(5*time.Second)), "b's trust window moved on")
+			info, err := runlease.Peek(ctx, raw, "b")
+			require.NoError(t, err)
+			assert.True(t, info.Until.After(time.Now().Add(3*time.Second)), "b's row is renewed")
+		})
+	})
+}
+
+// TestRenewerBatchesOneLeaseOfARun: a holder re-enters its run (X at fence
+// 1, L at fence 2, both kept on one shared Renewer, as re-entry allows),
+// and another holder's lease of r2 is kept there too. All come due at
+// once. A batch holds one write per key, so X goes alone: had both gone
+// into one MetaCASMany, the store would refuse the whole batch (two writes
+// of one key), failing L's and r2's renewals on a healthy store and never
+// telling X it is superseded.
+func TestRenewerBatchesOneLeaseOfARun(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := t.Context()
+		s := bubbleStore(t)
+		var mu sync.Mutex
+		var errs []error
+		renewed := map[string]int{}
+		hooks := runlease.WithHooks(runlease.Hooks{Renewed: func(ev runlease.RenewEvent) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case ev.Err == nil:
+				renewed[ev.RunID+"@"+strconv.FormatUint(ev.Fence, 10)]++
+			case ev.RunID == "r1" && ev.Fence == 1 && errors.Is(ev.Err, runlease.ErrTakenOver):
+				// X, superseded by L: told so
+			default:
+				t.Logf("renewal of %s fence %d: %v", ev.RunID, ev.Fence, ev.Err)
+				errs = append(errs, ev.Err)
+			}
+		}})
+		x, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithTTL(runlease.MinTTL), hooks)
+		require.NoError(t, err)
+		l, err := runlease.Acquire(ctx, s, "r1", "A", runlease.WithTTL(runlease.MinTTL), hooks)
+		require.NoError(t, err)
+		other, err := runlease.Acquire(ctx, s, "r2", "B", runlease.WithTTL(runlease.MinTTL), hooks)
+		require.NoError(t, err)
+		var r runlease.Renewer
+		defer r.Close()
+		kx, err := r.Keep(ctx, x, runlease.KeepInterval(time.Second))
+		require.NoError(t, err)
+		defer kx.Stop()
+		kl, err := r.Keep(ctx, l, runlease.KeepInterval(time.Second))
+		require.NoError(t, err)
+		defer kl.Stop()
+		ko, err := r.Keep(ctx, other, runlease.KeepInterval(time.Second))
+		require.NoError(t, err)
+		defer ko.Stop()
+		time.Sleep(1500 * time.Millisecond)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		require.Empty(t, errs, "renewals on a healthy store failed")
+		require.ErrorIs(t, kx.Err(), runlease.ErrTakenOver, "X is told it is superseded")
+		require.NoError(t, kl.Err())
+		require.NoError(t, ko.Err())
+		require.Positive(t, renewed["r1@2"], "L renewed")
+		require.Positive(t, renewed["r2@1"], "r2 renewed")
 	})
 }
