@@ -465,3 +465,53 @@ func TestPruneKeepsAMarkThatStillRanks(t *testing.T) {
 		assert.Equal(t, before, rank(), "Prune changed where p's next run ranks (pruned %v)", pruned.Queue)
 	})
 }
+
+// placeLandsThenCancels is an embedded store whose first batch that writes
+// a line entry of run lands, and then, before its reply, the waiter's
+// context ends and the reply is lost: the wait never learns whether its
+// place and its marks were written.
+type placeLandsThenCancels struct {
+	*runlease.SQLiteStore
+	run    string
+	cancel context.CancelFunc
+	once   sync.Once
+}
+
+func (s *placeLandsThenCancels) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runlease.Op) (bool, error) {
+	for _, op := range ops {
+		if strings.HasPrefix(op.Key, runlease.QueuePrefix) && strings.HasSuffix(op.Key, ":"+s.run) {
+			lost := false
+			s.once.Do(func() { lost = true })
+			if lost {
+				if _, err := s.SQLiteStore.MetaBatch(ctx, conds, ops); err != nil {
+					return false, err
+				}
+				s.cancel()
+				return false, testkit.Unknown("MetaBatch")
+			}
+		}
+	}
+	return s.SQLiteStore.MetaBatch(ctx, conds, ops)
+}
+
+// A place whose write landed while its reply was lost, with the wait's
+// context ended before it could read the outcome back, is taken out like
+// any other: the wait leaves neither its entries nor the share its place
+// charged to the principal's marks (a leftover mark would rank the
+// principal's next runs behind a run that never waited).
+func TestAPlaceOfUnknownOutcomeGivesItsShareBack(t *testing.T) {
+	t.Parallel()
+	raw := newSQLite(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	s := &placeLandsThenCancels{SQLiteStore: raw, run: "waiter", cancel: cancel}
+	scopes := []runlease.Scope{runlease.MemScope(1), runlease.NamedScope("gpu", 4).Take(2)}
+	_, err := runlease.ClaimSlots(t.Context(), s, "holder", scopes[:1])
+	require.NoError(t, err)
+	before := libRows(t, s)
+
+	_, err = runlease.ClaimSlotsWait(ctx, s, "waiter", scopes)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Empty(t, queueRows(t, s), "its place is taken out of every queue")
+	assert.Equal(t, before, libRows(t, s), "no mark or other row left behind")
+}

@@ -1050,6 +1050,11 @@ func (w *waiter) putPlace(ctx context.Context, states []*scopeState, rank *queue
 	// never known, leave still moves them back (only while they hold what
 	// was sent). A write certainly refused restores what was recorded.
 	oldMarks, oldPrev := slices.Clone(w.marks), slices.Clone(w.markPrev)
+	for i := range marks {
+		if marks[i] != "" {
+			w.marks[i], w.markPrev[i] = marks[i], prev[i]
+		}
+	}
 	// Some entries may land and others not (a fault, or a store without
 	// batches): leave finds them by their keys.
 	w.wrote = true
@@ -1087,11 +1092,6 @@ func (w *waiter) putPlace(ctx context.Context, states []*scopeState, rank *queue
 	if !w.queued {
 		w.queuedAt = start
 		copy(w.places, places)
-		for i := range marks {
-			if marks[i] != "" {
-				w.marks[i], w.markPrev[i] = marks[i], prev[i]
-			}
-		}
 	}
 	w.me, w.queued, w.wroteAt = next, true, start
 	w.keys, w.rows = keys, rows
