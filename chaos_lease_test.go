@@ -41,7 +41,7 @@ import (
 	"github.com/areev/runlease/internal/chaos"
 	"github.com/areev/runlease/internal/pgtest"
 	"github.com/areev/runlease/internal/proctest"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 var roleChaosLease = proctest.Register("chaos-lease-driver", func() int {
@@ -131,7 +131,7 @@ func chaosStore(t *testing.T) (*pgxpool.Pool, *runlease.PostgresStore) {
 }
 
 func TestChaosLeaseSafeUnderPausesAndKills(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	clLease.Run(t, func(t *testing.T) chaos.LeaseBackend {
 		pool, store := chaosStore(t)

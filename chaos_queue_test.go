@@ -37,7 +37,7 @@ import (
 	"github.com/areev/runlease/internal/chaos"
 	"github.com/areev/runlease/internal/history"
 	"github.com/areev/runlease/internal/proctest"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 var roleChaosQueue = proctest.Register("chaos-queue-competitor", func() int { return chaos.RunChild(chaosOpener(qcConns), qcChild) })
@@ -307,7 +307,7 @@ func qcQueueScope(key string) (string, bool) {
 }
 
 func TestChaosQueueUnderPausesAndKills(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	mode := chaos.BreakMode()
 	if mode != "" && mode != chaos.BreakQueueIgnoreKeeper {

@@ -30,7 +30,7 @@ import (
 	"github.com/areev/runlease/internal/chaos"
 	"github.com/areev/runlease/internal/history"
 	"github.com/areev/runlease/internal/proctest"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 var roleChaosSlots = proctest.Register("chaos-slot-competitor", func() int { return chaos.RunChild(chaosOpener(csConns), csChild) })
@@ -261,7 +261,7 @@ func csStartPoller(ctx context.Context, store runlease.Store, stop <-chan struct
 }
 
 func TestChaosSlotCapHoldsUnderPausesAndKills(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	mode := chaos.BreakMode()
 	if mode != "" && mode != chaos.BreakSlotsIgnoreKeeper {

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 // crashLeaseAck is the last acknowledged write of a lease row.
@@ -212,7 +212,7 @@ func crashRunIndex(run string) (int, bool) {
 // buffers them and writes them out every 16), and requires the check to
 // find the acknowledged writes the kills lost: proof that it can fail.
 func TestCrashCheckCatchesLostAcknowledgedWrites(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	problems, st := crashRun(t, crashSQLite(t), 10, "lazy", crashMaxDelay/2)
 	require.NotEmpty(t, problems, "the check passed a store that loses acknowledged writes: %s", st)

@@ -49,7 +49,7 @@ import (
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/pgtest"
 	"github.com/areev/runlease/internal/proctest"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 var roleCrashWriter = proctest.Register("crash-writer", crashWriter)
@@ -309,7 +309,7 @@ func crashPostgres(t *testing.T) crashTarget {
 }
 
 func TestSQLiteSurvivesSIGKILLMidWrite(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	kills := crashKills(true)
 	start := time.Now()
@@ -320,7 +320,7 @@ func TestSQLiteSurvivesSIGKILLMidWrite(t *testing.T) {
 }
 
 func TestPostgresSurvivesSIGKILLMidWrite(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	target := crashPostgres(t)
 	kills := crashKills(false)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease/internal/proctest"
+	"github.com/areev/runlease/internal/systest"
 )
 
 // roleNodeID prints DefaultNodeID as a process running as pid 1 sees it,
@@ -24,10 +25,7 @@ var roleNodeID = proctest.Register("default-node-id", func() int {
 // twice with one host name, both seeing pid 1, as two containers of one
 // Kubernetes pod (or two compose replicas with a fixed hostname) do.
 func TestDefaultNodeIDDiffersBetweenContainersOfOnePod(t *testing.T) {
-	// testkit.System's mark, spelled out: testkit imports this package.
-	if testing.Short() {
-		t.Skip("system test: skipped under -short (run without -short for the whole suite)")
-	}
+	systest.Mark(t)
 	t.Parallel()
 	var ids []string
 	for range 2 {

@@ -14,7 +14,7 @@ import (
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/faultproxy"
 	"github.com/areev/runlease/internal/pgtest"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 func serverNow(t *testing.T, s *runlease.PostgresStore) time.Time {
@@ -71,7 +71,7 @@ func TestPostgresClockSkew(t *testing.T) {
 }
 
 func TestPostgresKeeperSurvivesASuperstepLongerThanTheTTL(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	dsn := pgtest.DSN(t)
 	s := openPG(t, dsn, pgtest.NewTable(t, pgtest.Pool(t)))
@@ -96,7 +96,7 @@ func TestPostgresKeeperSurvivesASuperstepLongerThanTheTTL(t *testing.T) {
 // holder's trusted window closes before a contender, on a healthy
 // connection, is granted the lease.
 func TestPostgresPartitionedHolderStopsBeforeAContenderStarts(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	dsn := pgtest.DSN(t)
 	table := pgtest.NewTable(t, pgtest.Pool(t))
@@ -154,7 +154,7 @@ func portOf(u *url.URL) string {
 // server while a keeper holds a lease and a contender keeps trying to take
 // it: after the restart at most one of them believes it holds the run.
 func TestPostgresRestartLeavesOneHolderPerRun(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	cluster := pgtest.StartCluster(t)
 	holderStore := openPGDSN(t, cluster.DSN())

@@ -38,7 +38,7 @@ import (
 	"github.com/areev/runlease/internal/linearize"
 	"github.com/areev/runlease/internal/pgtest"
 	"github.com/areev/runlease/internal/proctest"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 var roleLinPG = proctest.Register("lin-pg-client", linPGClient)
@@ -255,7 +255,7 @@ func linFaultSchedule(size linSize) (at []float64, restart []bool) {
 // cluster through a proxy while the test resets every connection and
 // crash-restarts the server; the merged history must be linearizable.
 func TestPostgresIsLinearizableUnderFaults(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	size := linPGSize()
 	cluster := pgtest.StartCluster(t)
@@ -295,7 +295,7 @@ func TestPostgresIsLinearizableUnderFaults(t *testing.T) {
 // multi-process pipeline with children whose store acknowledges writes it
 // drops, and requires the merged history to be rejected.
 func TestPostgresLinearizabilityCheckRejectsABrokenStore(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	table := pgtest.NewTable(t, pool)
@@ -313,7 +313,7 @@ func TestPostgresLinearizabilityCheckRejectsABrokenStore(t *testing.T) {
 // workload on the shared server, through a proxy that resets every
 // connection a few times, and checks the history as one map.
 func TestPostgresBatchesAreLinearizable(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	table := pgtest.NewTable(t, pool)
@@ -355,7 +355,7 @@ func TestPostgresBatchesAreLinearizable(t *testing.T) {
 // after statements reach the server (pgx then drops the connection), with
 // batches in the mix; the history is checked as one map.
 func TestPostgresIsLinearizableWhenCallsAreCancelled(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	s, err := runlease.NewPostgres(t.Context(), pool, runlease.WithTable(pgtest.NewTable(t, pool)))

@@ -38,7 +38,7 @@ import (
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/history"
 	"github.com/areev/runlease/internal/linearize"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 // linCheckTimeout bounds porcupine's search: far above what a correct
@@ -174,7 +174,7 @@ func linOpenSQLite(t *testing.T) *runlease.SQLiteStore {
 // TestSQLiteIsLinearizable: 8 goroutines × 1,000 calls over 4 keys on a
 // store file, whose reads go through their own connections, as in use.
 func TestSQLiteIsLinearizable(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	s := linOpenSQLite(t)
 	w := &linearize.Workload{Keys: linKeys(4), Values: linValues, Now: history.Mono}
@@ -186,7 +186,7 @@ func TestSQLiteIsLinearizable(t *testing.T) {
 // TestSQLiteBatchesAreLinearizable mixes MetaBatch calls into the workload
 // and checks the history as one map, since a batch spans keys.
 func TestSQLiteBatchesAreLinearizable(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	s := linOpenSQLite(t)
 	w := &linearize.Workload{Keys: linKeys(3), Values: linValues, BatchShare: 0.25, Now: history.Mono}
@@ -203,7 +203,7 @@ func TestSQLiteBatchesAreLinearizable(t *testing.T) {
 // statement that completed, and committed, when the context ends during
 // the call; the store reports such a write as an unknown outcome.)
 func TestSQLiteIsLinearizableWhenCallsAreCancelled(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	s := linOpenSQLite(t)
 	w := &linearize.Workload{Keys: linKeys(3), Values: linValues, BatchShare: 0.25, Now: history.Mono,
@@ -216,7 +216,7 @@ func TestSQLiteIsLinearizableWhenCallsAreCancelled(t *testing.T) {
 // stores broken on purpose, and requires the checker to reject each
 // history: proof that the checks above can fail.
 func TestLinearizabilityCheckRejectsBrokenStores(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	cases := []struct {
 		name  string

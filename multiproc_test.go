@@ -38,7 +38,7 @@ import (
 	"github.com/areev/runlease/internal/history"
 	"github.com/areev/runlease/internal/pgtest"
 	"github.com/areev/runlease/internal/proctest"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 var (
@@ -377,7 +377,7 @@ func mpByKey(iv history.Interval) string    { return iv.Key }
 func mpByHolder(iv history.Interval) string { return iv.Holder }
 
 func TestMultiProcessOneHolderPerRun(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	store, table := mpStore(t)
 	out := mpRaceChildren(t, roleMPLeaseRacer, table)
@@ -416,7 +416,7 @@ func TestMultiProcessOneHolderPerRun(t *testing.T) {
 }
 
 func TestMultiProcessSlotCap(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	store, table := mpStore(t)
 	out := mpRaceChildren(t, roleMPSlotRacer, table)
@@ -451,7 +451,7 @@ func TestMultiProcessSlotCap(t *testing.T) {
 }
 
 func TestStalledHolderIsReplacedAndCannotRenew(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	// The first call after the stall meets the store; the second meets the
 	// lease's memory of the loss. Both orders, so that Renew and Release

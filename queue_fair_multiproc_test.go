@@ -62,7 +62,7 @@ import (
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/pgtest"
 	"github.com/areev/runlease/internal/proctest"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 var roleFairWaiter = proctest.Register("mp-fair-share-waiter", fairWaiterChild)
@@ -459,7 +459,7 @@ func fairCheck(t *testing.T, adms []fairAdmission) {
 // without checking the mark it read gave runs of A in the two processes
 // one tag, and A two runs for one share.)
 func TestFairShareHoldsAcrossProcesses(t *testing.T) {
-	testkit.System(t) // several processes
+	systest.Mark(t) // several processes
 	t.Parallel()
 	pgtest.DSN(t) // skips without RUNLEASE_TEST_POSTGRES
 	pool := pgtest.Pool(t)
@@ -554,7 +554,7 @@ END $$`)
 // opens: 12 goroutines per principal, half of them through each of two
 // Store values of the one store.
 func TestFairShareHoldsWithOverlappingEnqueuesOnSQLite(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "runs.db")
 	// The log's table and triggers go in before the store opens the file

@@ -16,6 +16,7 @@ import (
 
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/pgtest"
+	"github.com/areev/runlease/internal/systest"
 	"github.com/areev/runlease/internal/testkit"
 )
 
@@ -31,7 +32,7 @@ import (
 // scope at once. A plain claim behind them is refused with RUN-E022 while
 // they wait, whether the slots are held or not.
 func TestALongLineAdmitsInRankOrder(t *testing.T) {
-	testkit.System(t) // 2,000 waiters
+	systest.Mark(t) // 2,000 waiters
 	t.Parallel()
 	// The race detector makes each waiter some ten times dearer.
 	n, limit := 2000, 2

@@ -16,7 +16,7 @@ import (
 
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/pgtest"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 // cancelRequestPool returns a pool whose connections answer the end of a
@@ -113,7 +113,7 @@ func TestPostgresCancelRequests(t *testing.T) {
 // no Lease trusts a renewal the new primary lacks, so no two holders trust
 // one run.
 func TestPostgresCancelledWaitForTheStandby(t *testing.T) {
-	testkit.System(t) // a private primary and standby
+	systest.Mark(t) // a private primary and standby
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string

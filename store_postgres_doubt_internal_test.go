@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease/internal/pgtest"
+	"github.com/areev/runlease/internal/systest"
 )
 
 // TestPgDoubtsKeepAKeyInDoubtUntilAWriteOfItLands: a write of unknown
@@ -146,11 +147,7 @@ func TestPostgresBarrierReadSettlesDoubtsOfGoneBackends(t *testing.T) {
 // commit the write, after the barrier, unconfirmed by the standby: a plain
 // read of the key then sees it.
 func TestPostgresDoubtKeptWhileAnEarlierWriteOfTheKeyStillRuns(t *testing.T) {
-	// A system test, as testkit.System marks them (this package cannot import
-	// internal/testkit, which imports it).
-	if testing.Short() {
-		t.Skip("system test: skipped under -short (run without -short for the whole suite)")
-	}
+	systest.Mark(t)
 	ctx := t.Context()
 	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
 	require.NoError(t, err)
@@ -246,9 +243,7 @@ func ptrTo(s string) *string { return &s }
 // settles the key; the backend then reads the write, runs and commits it,
 // after the barrier, and a read that is no barrier returns it.
 func TestPostgresDoubtKeptWhileTheWriteWaitsUnreadOnAnIdleBackend(t *testing.T) {
-	if testing.Short() { // a system test (testkit.System)
-		t.Skip("system test: skipped under -short (run without -short for the whole suite)")
-	}
+	systest.Mark(t)
 	ctx := t.Context()
 	// A private server: the backend this test stops may hold a lock of
 	// the server's own (its statistics), which would stall other tests.
@@ -303,9 +298,7 @@ func TestPostgresDoubtKeptWhileTheWriteWaitsUnreadOnAnIdleBackend(t *testing.T) 
 // it: a reader acted on a value the failover lost. Before the settling,
 // the key stayed in doubt and the read waited for the standby.
 func TestPostgresDoubtSettledWriteIsLostInAFailover(t *testing.T) {
-	if testing.Short() { // a system test (testkit.System)
-		t.Skip("system test: skipped under -short (run without -short for the whole suite)")
-	}
+	systest.Mark(t)
 	pair := pgtest.StartReplicated(t, true)
 	ctx := t.Context()
 	cfg, err := pgxpool.ParseConfig(pair.DSN())
@@ -467,9 +460,7 @@ func (p *keyProxy) serve(client net.Conn, server string) {
 // it has the write still to read (SIGSTOP stands for a slow backend or a
 // delayed packet), and commits it after the barrier.
 func TestPostgresDoubtKeptBehindAPoolerThatGivesBackendKeysOfItsOwn(t *testing.T) {
-	if testing.Short() { // a system test (testkit.System)
-		t.Skip("system test: skipped under -short (run without -short for the whole suite)")
-	}
+	systest.Mark(t)
 	ctx := t.Context()
 	// A private server: the backend this test stops may hold a lock of
 	// the server's own (its statistics), which would stall other tests.

@@ -15,7 +15,7 @@ import (
 
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/pgtest"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 // The private cluster's settings for the durability test: the WAL writer
@@ -30,7 +30,7 @@ const pgNoAutovacuum = `ALTER SYSTEM SET autovacuum = off`
 // server even when the session's default is synchronous_commit = off, set
 // for the role, the database or the connection.
 func TestPostgresWritesSurviveACrashWhateverTheDefaults(t *testing.T) {
-	testkit.System(t) // a private server, crashed
+	systest.Mark(t) // a private server, crashed
 	t.Parallel()
 	cluster := pgtest.StartCluster(t)
 	admin := clusterPool(t, cluster.DSN())

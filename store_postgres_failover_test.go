@@ -15,7 +15,7 @@ import (
 
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/pgtest"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 // TestPostgresFailover runs the store on a private primary with a streaming
@@ -26,7 +26,7 @@ import (
 // loses acknowledged writes and hands a fence out twice, which is what the
 // README tells users of asynchronous replication to expect.
 func TestPostgresFailover(t *testing.T) {
-	testkit.System(t) // a private primary and standby
+	systest.Mark(t) // a private primary and standby
 	t.Parallel()
 	t.Run("synchronous_replication_keeps_every_promise", testFailoverSynchronous)
 	t.Run("asynchronous_replication_loses_acknowledged_writes", testFailoverAsynchronous)
@@ -317,7 +317,7 @@ func testFailoverAsynchronous(t *testing.T) {
 // sent again on a new connection instead of failing. (A write that may
 // have been sent on a dead connection is not: its outcome is unknown.)
 func TestPostgresReadAfterAServerRestartIsServed(t *testing.T) {
-	testkit.System(t) // a private server, restarted
+	systest.Mark(t) // a private server, restarted
 	t.Parallel()
 	cluster := pgtest.StartCluster(t)
 	ctx := t.Context()
@@ -342,7 +342,7 @@ func TestPostgresReadAfterAServerRestartIsServed(t *testing.T) {
 // synchronous_commit = local, which would acknowledge a commit before the
 // standby has it: the store pins its own commits to on.
 func TestPostgresSynchronousFailoverKeepsReleasesAndSlots(t *testing.T) {
-	testkit.System(t) // a private primary and standby
+	systest.Mark(t) // a private primary and standby
 	t.Parallel()
 	pair := pgtest.StartReplicated(t, true)
 	pair.Exec(pair.Primary, `ALTER ROLE runlease SET synchronous_commit = local`)

@@ -20,7 +20,7 @@ import (
 
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/pgtest"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 	"github.com/areev/runlease/storetest"
 )
 
@@ -636,7 +636,7 @@ func TestPostgresEachCallIsOneRoundTrip(t *testing.T) {
 }
 
 func TestPostgresServerRestart(t *testing.T) {
-	testkit.System(t) // a private server, restarted
+	systest.Mark(t) // a private server, restarted
 	t.Parallel()
 	cluster := pgtest.StartCluster(t)
 	s, err := runlease.OpenPostgres(t.Context(), cluster.DSN())

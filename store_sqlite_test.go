@@ -20,7 +20,7 @@ import (
 
 	"github.com/areev/runlease"
 	"github.com/areev/runlease/internal/proctest"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 	"github.com/areev/runlease/storetest"
 )
 
@@ -207,7 +207,7 @@ func TestSQLiteLockInProcess(t *testing.T) {
 }
 
 func TestSQLiteLockAcrossProcesses(t *testing.T) {
-	testkit.System(t) // starts processes
+	systest.Mark(t) // starts processes
 	if runtime.GOOS == "windows" {
 		t.Skip("the writer lock is enforced within one process only on this platform")
 	}
@@ -438,7 +438,7 @@ func TestSQLiteLockFollowsTheFile(t *testing.T) {
 }
 
 func TestSQLiteLockFollowsTheFileAcrossProcesses(t *testing.T) {
-	testkit.System(t) // starts processes
+	systest.Mark(t) // starts processes
 	if runtime.GOOS == "windows" {
 		t.Skip("the writer lock is enforced within one process only on this platform")
 	}

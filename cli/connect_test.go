@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/areev/runlease/internal/systest"
 	"github.com/areev/runlease/internal/testkit"
 )
 
@@ -103,7 +104,7 @@ func TestPostgresFlagsThatContradictEachOtherAreUsageErrors(t *testing.T) {
 }
 
 func TestTheTimeoutDoesNotBoundTheOperatorsAnswer(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	path := newDB(t)
 	pr, pw := io.Pipe()

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 )
 
 // checkTimeline checks the key lines of a demo's output.
@@ -100,7 +100,7 @@ func TestDemoTimelineHoldsOnlySimulatedTime(t *testing.T) {
 // statuses and the demo are proven through main and os.Exit, not only
 // through run.
 func TestBuiltBinary(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	goTool, err := exec.LookPath("go")
 	if err != nil {

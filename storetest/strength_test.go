@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease/internal/brokenstore"
-	"github.com/areev/runlease/internal/testkit"
+	"github.com/areev/runlease/internal/systest"
 	"github.com/areev/runlease/storetest"
 )
 
@@ -68,7 +68,7 @@ var failedSubtest = regexp.MustCompile(`(?m)^\s*--- FAIL: TestBrokenStoreSuite/(
 // the subtests of the rules its bug breaks. It proves the suite can catch
 // those bugs; a change that weakens it fails here.
 func TestTheSuiteFailsEveryBrokenStore(t *testing.T) {
-	testkit.System(t)
+	systest.Mark(t)
 	t.Parallel()
 	require.ElementsMatch(t, brokenstore.Bugs, slices.Collect(maps.Keys(caughtBy)), "every broken store needs the subtests that catch it")
 	t.Run("the_correct_store_passes", func(t *testing.T) {
