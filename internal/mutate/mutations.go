@@ -193,8 +193,8 @@ var catalog = []mutation{
 	{
 		Name:   "stale-admission-returned",
 		File:   "queue_wait.go",
-		Old:    "case err == nil && w.trusted(held):",
-		New:    "case err == nil:",
+		Old:    "case err == nil && !w.trusted(held):",
+		New:    "case err == nil && false:",
 		Breaks: "A waiter whose admission landed, or was confirmed, after its trust window ended returns it as admitted, holding slots that are expiring or gone.",
 		Pkg:    ".", Tests: with(sims, "TestAnAdmissionConfirmedAfterItsTrustWindowIsGivenBack"), Env: simEnv,
 	},
@@ -585,8 +585,8 @@ var catalog = []mutation{
 	{
 		Name:   "unknown-claim-is-lost-race",
 		File:   "options.go",
-		Old:    "case expected == nil && !found, expected != nil && found && cur == *expected:\n\t\treturn false, err",
-		New:    "case expected == nil && !found, expected != nil && found && cur == *expected:\n\t\treturn false, nil",
+		Old:    "case unchanged(cur, found):\n\t\treturn false, err",
+		New:    "case unchanged(cur, found):\n\t\treturn false, nil",
 		Breaks: "A conditional write of unknown outcome that did not land is reported as a lost race, not a fault.",
 		Pkg:    ".", Tests: with(slotTests, "TestUnknownOutcomesAreResolvedByReading", "TestForceRelease", "TestSimulation", "TestSimulationModes"),
 		Env: simEnv,
