@@ -82,9 +82,10 @@ func rememberReleased(store Store, key, row string) {
 // takeReleased returns and forgets the released row remembered for key on
 // store.
 func takeReleased(store Store, key string) (string, bool) {
+	k := tombKey{storeIdentity(store), key}
 	tombstones.mu.Lock()
 	defer tombstones.mu.Unlock()
-	e := dropLocked(tombKey{storeIdentity(store), key})
+	e := dropLocked(k)
 	if e == nil {
 		return "", false
 	}
@@ -93,9 +94,10 @@ func takeReleased(store Store, key string) (string, bool) {
 
 // forgetReleased forgets the released row remembered for key on store.
 func forgetReleased(store Store, key string) {
+	k := tombKey{storeIdentity(store), key}
 	tombstones.mu.Lock()
 	defer tombstones.mu.Unlock()
-	dropLocked(tombKey{storeIdentity(store), key})
+	dropLocked(k)
 }
 
 // forgetReleasedOf forgets every released row remembered for store, a
