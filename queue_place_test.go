@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -341,5 +342,62 @@ func TestANewerDriverTakesTheOlderWaitersPlace(t *testing.T) {
 		}
 		cancel()
 		<-dOld
+	})
+}
+
+// relostPlace runs a waiter of principal "a" on a full mem scope, through
+// a store whose writes meet faults in turn: its first place lands, its
+// first renewal is refused (the place is lost, its entry and its mark
+// left as they were), and the write of its next place meets then. It
+// returns the store's rows from before the wait, and the wait's error once
+// ctx is cancelled after settle (or once it returned by itself).
+func relostPlace(t *testing.T, then testkit.Fault, settle time.Duration) (base *runlease.SQLiteStore, before []runlease.Row, err error) {
+	t.Helper()
+	base = queueBubbleStore(t)
+	f := &testkit.Faulty{Store: base}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	_, err = runlease.ClaimSlots(ctx, base, "holder", []runlease.Scope{runlease.MemScope(1)}, runlease.WithTTL(time.Hour))
+	require.NoError(t, err)
+	before = libRows(t, base)
+	f.Next(testkit.Fault{Apply: true}, testkit.Fault{Err: testkit.NotApplied("MetaBatch")}, then)
+	done := make(chan error, 1)
+	go func() {
+		_, err := runlease.ClaimSlotsWait(ctx, f, "r", []runlease.Scope{runlease.MemScope(1)}, runlease.WithTTL(runlease.MinTTL),
+			runlease.WithFairShare("a", 1), runlease.WithWaitPoll(time.Minute))
+		done <- err
+	}()
+	time.Sleep(settle)
+	synctest.Wait()
+	cancel()
+	return base, before, <-done
+}
+
+// "A wait that is cancelled or dies gives its share back": also the share
+// of a place it lost, when the write of its next place is certainly
+// refused by a fault it retries. The place that then lands is charged from
+// the mark as it was before the lost one (never admitted), and when the
+// wait is cancelled the mark goes back to what it was before it queued,
+// not to the lost place's.
+func TestAPlaceRetriedAfterAFaultGivesBackTheShareOfALostOne(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		retry := &runlease.StorageError{Op: "MetaBatch", Retryable: true, Err: errors.New("connection refused")}
+		s, before, err := relostPlace(t, testkit.Fault{Err: retry}, 3*time.Second)
+		require.ErrorIs(t, err, context.Canceled)
+		assert.Equal(t, before, libRows(t, s), "no mark or other row left behind")
+	})
+}
+
+// A wait whose next place, after it lost one, is written with an outcome
+// it never learns ends with that fault, and gives back the share of both:
+// the mark holds the next place's (it landed) or still the lost one's (it
+// did not), and either way goes back to what it was before the wait.
+func TestAPlaceOfUnknownOutcomeGivesBackTheShareOfALostOne(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s, before, err := relostPlace(t, testkit.Fault{Err: testkit.Unknown("MetaBatch")}, 3*time.Second)
+		require.True(t, runlease.IsOutcomeUnknown(err), "the wait ends with the fault: %v", err)
+		assert.Equal(t, before, libRows(t, s), "no mark or other row left behind")
 	})
 }

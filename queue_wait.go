@@ -137,6 +137,12 @@ type waiter struct {
 	keys, rows, places []string
 	marks              []string
 	markPrev           []*string
+	// markWas and markPrevWas are, per scope, the mark an earlier place of
+	// this waiter wrote and the mark it moved, when the write of the place
+	// after it had an outcome never known: the mark may still be the
+	// earlier one, and leave gives that back too.
+	markWas     []string
+	markPrevWas []*string
 	// tried holds the line keys of places whose write was sent but is not
 	// known to have landed or failed: leave looks for them too.
 	tried map[string]struct{}
@@ -182,7 +188,8 @@ func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, comm
 	_, _ = crand.Read(id[:])
 	n := len(scopes)
 	w := &waiter{s: s, scopes: scopes, fence: fence, commit: commit, keys: make([]string, n), rows: make([]string, n),
-		places: make([]string, n), marks: make([]string, n), markPrev: make([]*string, n), tried: map[string]struct{}{}}
+		places: make([]string, n), marks: make([]string, n), markPrev: make([]*string, n),
+		markWas: make([]string, n), markPrevWas: make([]*string, n), tried: map[string]struct{}{}}
 	w.me = queueEntry{Run: s.runID, Waiter: hex.EncodeToString(id[:]), Fence: fence,
 		Principal: s.o.principal, Weight: s.o.weightOr1(), Priority: s.o.priority}
 	for _, sc := range scopes {
@@ -644,6 +651,8 @@ func (w *waiter) admitted() {
 	clear(w.places)
 	clear(w.marks)
 	clear(w.markPrev)
+	clear(w.markWas)
+	clear(w.markPrevWas)
 	clear(w.tried)
 }
 
@@ -889,6 +898,7 @@ func (w *waiter) admitSlotBySlot(ctx context.Context, states []*scopeState, plan
 	held := s.held
 	s.held = nil
 	clear(w.marks) // admitted: the marks its place moved stay moved
+	clear(w.markWas)
 	cleanup, cancel := cleanupContext(ctx, leaveTimeout)
 	w.leave(cleanup)
 	cancel()
@@ -1048,7 +1058,9 @@ func (w *waiter) putPlace(ctx context.Context, states []*scopeState, rank *queue
 	}
 	// The marks are recorded as sent before the write: if its outcome is
 	// never known, leave still moves them back (only while they hold what
-	// was sent). A write certainly refused restores what was recorded.
+	// was sent), and those of an earlier place too (while they still hold
+	// those). A write certainly refused, or failed by a fault that
+	// certainly changed nothing, restores what was recorded.
 	oldMarks, oldPrev := slices.Clone(w.marks), slices.Clone(w.markPrev)
 	for i := range marks {
 		if marks[i] != "" {
@@ -1067,9 +1079,18 @@ func (w *waiter) putPlace(ctx context.Context, states []*scopeState, rank *queue
 	}
 	w.fresh = roomTick() // the next read must show what this write did
 	if err != nil || !ok {
-		if err == nil && !w.queued {
+		_, batched := w.s.store.(Batcher)
+		switch {
+		case w.queued:
+		case err == nil || batched && !IsOutcomeUnknown(err):
 			copy(w.marks, oldMarks)
 			copy(w.markPrev, oldPrev)
+		case IsOutcomeUnknown(err):
+			for i := range marks {
+				if marks[i] != "" && oldMarks[i] != "" {
+					w.markWas[i], w.markPrevWas[i] = oldMarks[i], oldPrev[i]
+				}
+			}
 		}
 		if w.queued && ctx.Err() == nil {
 			// (A wait whose context ended is leaving, not queueing again.)
@@ -1251,20 +1272,33 @@ func (w *waiter) leave(ctx context.Context) {
 		}
 		// The share goes back only once the entry is known gone: a
 		// leftover entry still ranks at its tag, and the principal's next
-		// run must not take that tag again.
-		if w.marks[i] != "" && gone {
-			mk := fairKey(sc.name, w.me.Principal)
-			if p := w.markPrev[i]; p != nil {
-				_, _ = casResolved(ctx, w.s.store, mk, &w.marks[i], *p)
-			} else {
-				_, _ = deleteResolved(ctx, w.s.store, mk, w.marks[i])
-			}
+		// run must not take that tag again. After a place whose write's
+		// outcome is unknown, the mark holds what it sent or still what
+		// the place before it sent.
+		if gone && !w.giveShareBack(ctx, sc, w.marks[i], w.markPrev[i]) {
+			w.giveShareBack(ctx, sc, w.markWas[i], w.markPrevWas[i])
 		}
 	}
 	clear(w.keys)
 	clear(w.rows)
 	clear(w.marks)
+	clear(w.markWas)
 	clear(w.tried)
+}
+
+// giveShareBack moves the principal's mark in sc back to prev (nil:
+// absent) if it still holds mark, and reports whether it did.
+func (w *waiter) giveShareBack(ctx context.Context, sc Scope, mark string, prev *string) bool {
+	if mark == "" {
+		return false
+	}
+	mk := fairKey(sc.name, w.me.Principal)
+	if prev != nil {
+		ok, _ := casResolved(ctx, w.s.store, mk, &mark, *prev)
+		return ok
+	}
+	ok, _ := deleteResolved(ctx, w.s.store, mk, mark)
+	return ok
 }
 
 // deleteOwn deletes the entry at key if this waiter wrote it, and reports
