@@ -461,7 +461,8 @@ func (r *Renewer) endLockedOn(k *Keeper, err error) func(host *Renewer) {
 	if k.err != nil {
 		return func(*Renewer) {}
 	}
-	if errors.Is(err, ErrKeeperStopped) {
+	switch {
+	case errors.Is(err, ErrKeeperStopped):
 		// Stopped after its lease was found lost to others, before the
 		// loss reached it (a hook of another keeper of the lease may stop
 		// it meanwhile): the loss is why it ended. The driver's own
@@ -469,6 +470,10 @@ func (r *Renewer) endLockedOn(k *Keeper, err error) func(host *Renewer) {
 		if lost := k.lease.lostToOthers(); lost != nil {
 			err = lost
 		}
+	case k.lease.releaseStops(err):
+		// The driver's own release, found before that release stopped
+		// the keeper (two Releases overlapping): Release stops it.
+		err = ErrKeeperStopped
 	}
 	k.err, k.endedAt = err, time.Now()
 	if k.bucket != nil {
