@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/pgtest"
 	"github.com/areev/runlease/internal/testkit"
 )
 
@@ -44,6 +45,51 @@ func TestClaimSlotsWaitReturnsTheContextsErrorAndLeavesNothing(t *testing.T) {
 		assert.True(t, err == context.DeadlineExceeded, "ctx.Err() itself, not %v", err)
 		assert.Empty(t, queueRows(t, s))
 	})
+}
+
+// A wait given up while the batch of its place still runs on the server
+// (its context ended while the batch waited for a row lock, and the cancel
+// request pgx sent was lost) leaves no entry once that batch commits: the
+// wait reads each entry back on its way out, and on Postgres that read
+// waits for the batch's backend, so it finds the entries the batch wrote
+// and takes them out.
+func TestAWaitGivenUpWhileItsPlaceStillRunsLeavesNoEntry(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, drop := pgPoolDroppingCancel(t, 4)
+	table := pgtest.NewTable(t, pool)
+	s, err := runlease.NewPostgres(ctx, pool, runlease.WithTable(table))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	scopes := []runlease.Scope{runlease.MemScope(1), runlease.NamedScope("gpu", 4).Take(2)}
+	_, err = runlease.ClaimSlots(ctx, s, "holder", scopes[:1])
+	require.NoError(t, err)
+	before := len(libRows(t, s))
+
+	// The place's batch takes its keys in order: the line entries, then
+	// the place rows, where it waits for the holder.
+	release := holdKey(t, table, "runplace:3:gpu:waiter")
+	dropped := drop()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := runlease.ClaimSlotsWait(wctx, s, "waiter", scopes)
+		done <- err
+	}()
+	require.True(t, awaitBackends(t, pool, "wait_event_type = 'Lock'", 1), "the place's batch waits for the holder")
+	cancel()
+	select {
+	case <-dropped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("pgx sent no cancel request")
+	}
+	time.Sleep(300 * time.Millisecond) // the wait leaves meanwhile
+	release()                          // and the batch goes on, and commits
+	assert.Same(t, context.Canceled, <-done, "ctx.Err() itself")
+	require.True(t, awaitBackends(t, pool, "state <> 'idle'", 0), "the batch is done")
+	assert.Empty(t, queueRows(t, s), "an entry of the wait is left in the queue")
+	assert.Len(t, libRows(t, s), before)
 }
 
 // On a store without batches, a waiter writes its entries (and its

@@ -124,7 +124,10 @@ func WithCreateTable(create bool) PostgresOption {
 // key after a write of it whose outcome was unknown (the read-back that
 // resolves the write) is itself a commit that waits for the standby, so a
 // row it returns has landed for good; it needs EXECUTE on
-// pg_logical_emit_message, which every role has unless it was revoked. A
+// pg_logical_emit_message, which every role has unless it was revoked. It
+// also waits while the server may still run such a write, whose client
+// gave it up, so that the row it returns is not one that write replaces
+// after it (store_postgres_doubt.go). A
 // refused connection or an ERROR from the server, after which the call's
 // transaction was rolled back, is not. When the call's context has ended, the error matches the
 // context's error with [errors.Is] and is not Retryable, however pgx
@@ -386,16 +389,16 @@ func (s *PostgresStore) neverMatches(ctx context.Context, op, key string) (bool,
 // exec runs a conditional write and reports whether it changed a row.
 func (s *PostgresStore) exec(ctx context.Context, op, key, sql string, args ...any) (bool, error) {
 	var n int64
-	var pid uint32
+	var run pgRun
 	err := s.do(ctx, op, key, true, func(c *pgx.Conn) error {
-		pid = c.PgConn().PID()
+		defer func() { run = runOf(c) }()
 		res, err := send(ctx, c, pgStmt{sql, args})
 		if err == nil {
 			n = res[0].CommandTag.RowsAffected()
 		}
 		return err
 	})
-	s.doubts.note(err, n == 1, pid, key)
+	s.note(err, n == 1, run, key)
 	return n == 1, err
 }
 

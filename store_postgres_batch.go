@@ -136,16 +136,16 @@ func (s *PostgresStore) MetaBatch(ctx context.Context, conds []Cond, ops []Op) (
 	pause := pgBatchPauseMin
 	for try := 1; ; try++ {
 		var ok, decided, aborted bool
-		var pid uint32
+		var run pgRun
 		err := s.do(ctx, "MetaBatch", "", true, func(c *pgx.Conn) (err error) {
-			pid = c.PgConn().PID()
+			defer func() { run = runOf(c) }()
 			ok, decided, err = s.sendOnce(ctx, c, b)
 			aborted = pgAborted(err)
 			return err
 		})
 		if (err != nil && !aborted) || (err == nil && decided) {
 			if err != nil || s.doubts.any() {
-				s.doubts.note(err, ok && err == nil, pid, opKeys(ops)...)
+				s.note(err, ok && err == nil, run, opKeys(ops)...)
 			}
 			return ok && err == nil, err
 		}

@@ -36,9 +36,9 @@ func (s *PostgresStore) MetaDeleteNotify(ctx context.Context, key, expected, wak
 	from, to := pgMarkRange(wakeKey)
 	del := pgStmt{s.q.deleteNotify, []any{key, expected, from, to, pgMarkTime(now.UnixMilli()), s.channel, wakeKey}}
 	var n int64
-	var pid uint32
+	var run pgRun
 	err := s.do(ctx, "MetaDeleteNotify", key, true, func(c *pgx.Conn) error {
-		pid = c.PgConn().PID()
+		defer func() { run = runOf(c) }()
 		// As for MetaCASNotify: the pin takes wakeKey's lock, shared, so
 		// that a mark committing meanwhile is seen or sees the delete.
 		res, err := send(ctx, c, pgStmt{pgPinNotify, []any{pgMarkLockKey(s.channel, wakeKey)}}, del)
@@ -47,6 +47,6 @@ func (s *PostgresStore) MetaDeleteNotify(ctx context.Context, key, expected, wak
 		}
 		return err
 	})
-	s.doubts.note(err, n == 1, pid, key)
+	s.note(err, n == 1, run, key)
 	return n == 1, err
 }

@@ -34,7 +34,7 @@ func TestPgDoubtsKeepAKeyInDoubtUntilAWriteOfItLands(t *testing.T) {
 	notApplied := &StorageError{Op: "MetaCAS", Key: "k", Err: errors.New("refused")}
 	var d pgDoubts
 	assert.False(t, d.has("k"))
-	d.note(unknown, false, 7, "k", "other")
+	d.note(unknown, false, pgRun{pid: 7}, "k", "other")
 	assert.True(t, d.has("k"))
 	assert.True(t, d.has("other"))
 	for _, step := range []struct {
@@ -47,10 +47,10 @@ func TestPgDoubtsKeepAKeyInDoubtUntilAWriteOfItLands(t *testing.T) {
 		{"not applied", notApplied, false, "k"},
 		{"another key landed", nil, true, "third"},
 	} {
-		d.note(step.err, step.landed, 8, step.key)
+		d.note(step.err, step.landed, pgRun{pid: 8}, step.key)
 		assert.True(t, d.has("k"), "after %s, k is still in doubt", step.name)
 	}
-	d.note(nil, true, 8, "k")
+	d.note(nil, true, pgRun{pid: 8}, "k")
 	assert.False(t, d.has("k"), "a write of k landed")
 	assert.True(t, d.has("other"))
 }
@@ -62,13 +62,13 @@ func TestPgDoubtsSettleOnlyWhatTheBarrierCovers(t *testing.T) {
 	t.Parallel()
 	unknown := &StorageError{Op: "MetaCAS", Key: "k", Unknown: true, Err: errors.New("reset")}
 	var d pgDoubts
-	d.note(unknown, false, 7, "a", "b")
-	d.note(unknown, false, 9, "c")
+	d.note(unknown, false, pgRun{pid: 7}, "a", "b")
+	d.note(unknown, false, pgRun{pid: 9}, "c")
 	pids, gen := d.backends()
 	assert.ElementsMatch(t, []int32{7, 9}, pids)
-	d.note(unknown, false, 7, "b") // after the barrier was taken
-	d.note(unknown, false, 11, "d")
-	d.settle(gen, pids, []int32{9})
+	d.note(unknown, false, pgRun{pid: 7}, "b") // after the barrier was taken
+	d.note(unknown, false, pgRun{pid: 11}, "d")
+	d.settle(gen, pids, pgBackends{9: {}})
 	assert.False(t, d.has("a"), "a's backend was done before the barrier")
 	assert.True(t, d.has("b"), "b was noted again after the barrier was taken")
 	assert.True(t, d.has("c"), "c's backend was busy")
@@ -76,6 +76,57 @@ func TestPgDoubtsSettleOnlyWhatTheBarrierCovers(t *testing.T) {
 	pids, gen = d.backends()
 	d.settle(gen, pids, nil)
 	assert.False(t, d.any(), "a barrier that found every backend done settles all")
+}
+
+// TestPgDoubtsWaitOnlyForACutWriteWhoseBackendIsStillThere: a read of a
+// key in doubt waits while a write of it whose connection was cut may
+// still run: its backend, asked about, is there, and started before the
+// write was noted (one that started after took the id of one that
+// exited). A write whose reply was read in full has run; a write noted
+// after the barrier asked is not waited for.
+func TestPgDoubtsWaitOnlyForACutWriteWhoseBackendIsStillThere(t *testing.T) {
+	t.Parallel()
+	unknown := &StorageError{Op: "MetaBatch", Unknown: true, Err: errors.New("reply lost")}
+	at := time.UnixMilli(1_800_000_000_000)
+	before, after := at.Add(-time.Minute), at.Add(time.Millisecond)
+	var d pgDoubts
+	d.note(unknown, false, pgRun{pid: 7, cut: true, at: at}, "cut")
+	d.note(unknown, false, pgRun{pid: 8, at: at}, "answered")
+	d.note(unknown, false, pgRun{pid: 9, cut: true, at: at}, "id taken")
+	d.note(unknown, false, pgRun{pid: 10, cut: true}, "time unknown")
+	pids, gen := d.backends()
+	d.note(unknown, false, pgRun{pid: 11, cut: true, at: at}, "later")
+	there := pgBackends{7: before, 8: before, 9: after, 10: after, 11: before}
+	assert.True(t, d.running("cut", gen, there), "its backend may still run it")
+	assert.True(t, d.running("cut", gen, pgBackends{7: {}}), "a backend whose start is hidden may be the write's")
+	assert.False(t, d.running("cut", gen, pgBackends{}), "its backend is gone")
+	assert.False(t, d.running("answered", gen, there), "its reply was read in full")
+	assert.False(t, d.running("id taken", gen, there), "the backend there started after the write")
+	assert.True(t, d.running("time unknown", gen, there))
+	assert.False(t, d.running("later", gen, there), "noted after the barrier asked")
+	assert.False(t, d.running("no doubt", gen, there))
+
+	d.settle(gen, pids, there)
+	assert.True(t, d.has("cut"))
+	assert.True(t, d.has("answered"), "its backend is still there")
+	assert.False(t, d.has("id taken"), "its backend has exited")
+	assert.True(t, d.has("time unknown"))
+	assert.True(t, d.has("later"))
+}
+
+// TestParseBackends reads the barrier's list of backends still there.
+func TestParseBackends(t *testing.T) {
+	t.Parallel()
+	got, err := parseBackends(nil)
+	require.NoError(t, err)
+	assert.Empty(t, got)
+	got, err = parseBackends([]byte("12:1800000000000123,34:"))
+	require.NoError(t, err)
+	assert.Equal(t, pgBackends{12: time.UnixMicro(1800000000000123), 34: {}}, got)
+	for _, bad := range []string{"x:1", "12:y", ""} {
+		_, err := parseBackends([]byte(bad))
+		assert.Error(t, err, "%q", bad)
+	}
 }
 
 // TestPostgresBarrierReadSettlesDoubtsOfGoneBackends: on a real server, a
@@ -114,10 +165,10 @@ func TestPostgresBarrierReadSettlesDoubtsOfGoneBackends(t *testing.T) {
 	ownID := pooled.Conn().PgConn().PID()
 	pooled.Release()
 
-	s.doubts.note(unknown, false, goneID, "gone")
-	s.doubts.note(unknown, false, idle.PgConn().PID(), "idle")
-	s.doubts.note(unknown, false, inTx.PgConn().PID(), "in-tx")
-	s.doubts.note(unknown, false, ownID, "own")
+	s.doubts.note(unknown, false, pgRun{pid: goneID}, "gone")
+	s.doubts.note(unknown, false, pgRun{pid: idle.PgConn().PID()}, "idle")
+	s.doubts.note(unknown, false, pgRun{pid: inTx.PgConn().PID()}, "in-tx")
+	s.doubts.note(unknown, false, pgRun{pid: ownID}, "own")
 	require.Eventually(t, func() bool { // an exited backend leaves pg_stat_activity at once, or nearly
 		_, _, err := s.MetaGet(ctx, "gone")
 		require.NoError(t, err)
@@ -142,10 +193,10 @@ func TestPostgresBarrierReadSettlesDoubtsOfGoneBackends(t *testing.T) {
 
 // TestPostgresDoubtKeptWhileAnEarlierWriteOfTheKeyStillRuns: a key written
 // twice with unknown outcomes, first on backend P (still blocked in its
-// transaction, its client gone), then on backend Q (gone), is recorded with
-// Q only. A barrier that finds Q gone settles the key, though P may still
-// commit the write, after the barrier, unconfirmed by the standby: a plain
-// read of the key then sees it.
+// transaction, its client gone), then on backend Q (gone), stays in doubt
+// while P is there, though a barrier finds Q gone: P may still commit the
+// write. A read of the key waits for P meanwhile, and returns once P has
+// committed, with P's write.
 func TestPostgresDoubtKeptWhileAnEarlierWriteOfTheKeyStillRuns(t *testing.T) {
 	systest.Mark(t)
 	ctx := t.Context()
@@ -213,25 +264,28 @@ func TestPostgresDoubtKeptWhileAnEarlierWriteOfTheKeyStillRuns(t *testing.T) {
 	// Its cancel request got through: Q rolled back and exits.
 	require.Eventually(t, func() bool { return state(q) == "gone" }, 10*time.Second, 20*time.Millisecond)
 
-	// The read-back of the write in doubt: a barrier.
-	v, found, err := s.MetaGet(ctx, key)
-	require.NoError(t, err)
-	require.True(t, found)
-	require.Equal(t, "v0", v)
+	// The read-back of the write in doubt waits: write 1 may still commit.
+	c3, cancel3 := context.WithTimeout(ctx, 300*time.Millisecond)
+	v, _, err := s.MetaGet(c3, key)
+	cancel3()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "a read returned %q while write 1 could still commit", v)
 	require.Equal(t, "active", state(p), "write 1 may still commit")
-	inDoubt := s.doubts.has(key)
+	require.True(t, s.doubts.has(key),
+		"key settled while backend %d, which ran a write of it in doubt, was still in its transaction", p)
 
-	// The holder lets go: write 1 commits now, after the barrier, and a
-	// read that is no barrier returns it (under synchronous replication,
-	// while the standby may not have it yet).
+	// The holder lets go: write 1 commits, and the read, which waited for
+	// it, returns it.
+	read := make(chan string, 1)
+	go func() {
+		v, _, err := s.MetaGet(ctx, key)
+		assert.NoError(t, err)
+		read <- v
+	}()
+	time.Sleep(100 * time.Millisecond)
 	_, err = holder.Exec(ctx, "ROLLBACK")
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return state(p) == "gone" }, 10*time.Second, 20*time.Millisecond)
-	v, _, err = s.MetaGet(ctx, key)
-	require.NoError(t, err)
-	t.Logf("after write 1 committed: %q, read through a barrier: %v", v, s.doubts.has(key))
-	require.True(t, inDoubt,
-		"key settled while backend %d, which ran a write of it in doubt, was still in its transaction; that write committed %q after the barrier", p, v)
+	assert.Equal(t, "v1", <-read, "the read returned before write 1 committed")
+	assert.Equal(t, "gone", state(p))
 }
 
 func ptrTo(s string) *string { return &s }
@@ -239,9 +293,9 @@ func ptrTo(s string) *string { return &s }
 // TestPostgresDoubtKeptWhileTheWriteWaitsUnreadOnAnIdleBackend: a backend is
 // idle while a write sent to it still sits unread in its socket (a backend
 // slow to be scheduled; SIGSTOP stands for that here). The client gives up
-// the write, an unknown outcome; a barrier finds the backend idle and
-// settles the key; the backend then reads the write, runs and commits it,
-// after the barrier, and a read that is no barrier returns it.
+// the write, an unknown outcome. A barrier finds the backend idle, which is
+// not done: the key stays in doubt, and a read of it waits until the
+// backend has read the write, run it and exited, then returns what it left.
 func TestPostgresDoubtKeptWhileTheWriteWaitsUnreadOnAnIdleBackend(t *testing.T) {
 	systest.Mark(t)
 	ctx := t.Context()
@@ -274,29 +328,38 @@ func TestPostgresDoubtKeptWhileTheWriteWaitsUnreadOnAnIdleBackend(t *testing.T) 
 	writeInDoubt(t, s, key)
 	require.Equal(t, "idle", state(p), "the backend has not read the write yet")
 
-	v, _, err := s.MetaGet(ctx, key) // the barrier
-	require.NoError(t, err)
-	require.Equal(t, "v0", v)
-	inDoubt := s.doubts.has(key)
+	c2, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+	v, _, err := s.MetaGet(c2, key) // the barrier
+	cancel2()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "a read returned %q while the write sat unread", v)
+	require.True(t, s.doubts.has(key), "key settled while its write sat unread at idle backend %d", p)
 
+	read := make(chan string, 1)
+	go func() {
+		v, _, err := s.MetaGet(ctx, key)
+		assert.NoError(t, err)
+		read <- v
+	}()
+	time.Sleep(100 * time.Millisecond)
 	resume()
-	require.Eventually(t, func() bool { return state(p) == "gone" }, 10*time.Second, 20*time.Millisecond)
-	v, _, err = s.MetaGet(ctx, key)
-	require.NoError(t, err)
-	t.Logf("after the backend resumed: %q, read through a barrier: %v", v, s.doubts.has(key))
-	require.True(t, inDoubt,
-		"key settled while its write sat unread at idle backend %d; the value now is %q", p, v)
+	v = <-read
+	require.Equal(t, "gone", state(p), "the read returned %q before the backend was done", v)
+	var cur string
+	require.NoError(t, s.pool.QueryRow(ctx, "SELECT value FROM "+table+" WHERE key = $1", key).Scan(&cur))
+	assert.Equal(t, cur, v, "the read returned what the backend left")
+	t.Logf("after the backend resumed: %q", v)
 }
 
 // TestPostgresDoubtSettledWriteIsLostInAFailover: the unread-write case of
 // TestPostgresDoubtKeptWhileTheWriteWaitsUnreadOnAnIdleBackend under
-// synchronous replication. Once the barrier settled the key, the backend
-// runs the write and commits it locally, and waits for the (now cut off)
-// standby until an operator or a pooler's clean-up terminates it: the
-// commit stands on the primary only, and a plain MetaGet returns it (the
-// key is no longer in doubt); the standby, promoted, has the value before
-// it: a reader acted on a value the failover lost. Before the settling,
-// the key stayed in doubt and the read waited for the standby.
+// synchronous replication. A read while the backend has the write still
+// to run waits for it. The backend then runs the write and commits it
+// locally, and waits for the (now cut off) standby until an operator or a
+// pooler's clean-up terminates it: the commit stands on the primary only.
+// A read of the key returns it only if the key had been settled (a plain
+// MetaGet); the standby, promoted, has the value before it: a reader
+// would act on a value the failover lost. Kept in doubt, the read waits
+// for the standby instead.
 func TestPostgresDoubtSettledWriteIsLostInAFailover(t *testing.T) {
 	systest.Mark(t)
 	pair := pgtest.StartReplicated(t, true)
@@ -319,9 +382,10 @@ func TestPostgresDoubtSettledWriteIsLostInAFailover(t *testing.T) {
 	c.Release()
 	resume := stopBackend(t, p)
 	writeInDoubt(t, s, key)
-	v, _, err := s.MetaGet(ctx, key) // the barrier, the standby up
-	require.NoError(t, err)
-	require.Equal(t, "v0", v)
+	c1, cancel1 := context.WithTimeout(ctx, 300*time.Millisecond)
+	v, _, err := s.MetaGet(c1, key) // the barrier, the standby up
+	cancel1()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "a read returned %q while the write sat unread", v)
 	t.Logf("in doubt after the barrier: %v", s.doubts.has(key))
 
 	pair.DisconnectStandby()

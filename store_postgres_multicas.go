@@ -59,9 +59,9 @@ func (s *PostgresStore) MetaCASMany(ctx context.Context, writes []CASWrite) ([]b
 	written := map[string]bool{}
 	if len(keys) > 0 {
 		placeholder := pgPlaceholder()
-		var pid uint32
+		var run pgRun
 		err := s.do(ctx, "MetaCASMany", "", true, func(c *pgx.Conn) error {
-			pid = c.PgConn().PID()
+			defer func() { run = runOf(c) }()
 			res, err := sendByIndex(ctx, c,
 				pgStmt{s.q.batchHold, []any{keys, placeholder}},
 				pgStmt{s.q.casMany, []any{keys, expected, values, absent, placeholder}})
@@ -72,13 +72,13 @@ func (s *PostgresStore) MetaCASMany(ctx context.Context, writes []CASWrite) ([]b
 			}
 			return err
 		})
-		s.doubts.note(err, false, pid, keys...)
+		s.note(err, false, run, keys...)
 		if err != nil {
 			return nil, err
 		}
 	}
 	if s.doubts.any() {
-		s.doubts.note(nil, true, 0, slices.Collect(maps.Keys(written))...)
+		s.note(nil, true, pgRun{}, slices.Collect(maps.Keys(written))...)
 	}
 	swapped := make([]bool, len(writes))
 	for i, w := range writes {

@@ -107,9 +107,9 @@ func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected 
 		write = pgStmt{s.q.updateNotify, append([]any{key, *expected, value}, marks...)}
 	}
 	var n int64
-	var pid uint32
+	var run pgRun
 	err := s.do(ctx, "MetaCASNotify", key, true, func(c *pgx.Conn) error {
-		pid = c.PgConn().PID()
+		defer func() { run = runOf(c) }()
 		// pgPinNotify pins the write's durability and takes the key's
 		// lock.
 		res, err := send(ctx, c, pgStmt{pgPinNotify, []any{pgMarkLockKey(s.channel, key)}}, write)
@@ -118,7 +118,7 @@ func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected 
 		}
 		return err
 	})
-	s.doubts.note(err, n == 1, pid, key)
+	s.note(err, n == 1, run, key)
 	return n == 1, err
 }
 
