@@ -60,8 +60,7 @@ func (c *renewCounter) MetaCASMany(ctx context.Context, writes []CASWrite) ([]bo
 func TestAProcesssWaitersRenewTheirEntriesTogether(t *testing.T) {
 	t.Parallel()
 	const n = 30
-	roomStores(t, func(t *testing.T, s roomStore) {
-		t.Parallel()
+	roomStoresInBubble(t, func(t *testing.T, s roomStore) {
 		c := &renewCounter{roomStore: s}
 		scopes := []Scope{NamedScope("renew-a", 1), NamedScope("renew-b", 2)}
 		held, err := ClaimSlots(t.Context(), c, "holder", scopes[:1], WithTTL(time.Minute))

@@ -108,6 +108,32 @@ func roomStores(t *testing.T, fn func(t *testing.T, s roomStore)) {
 	})
 }
 
+// roomStoresInBubble runs fn, in parallel, on a SQLite store in a
+// synctest bubble, where the waits a rule needs (a TTL, a quiet spell)
+// pass in fake time, and, when the Postgres tests are enabled and -short
+// is not given, on a fresh table of the test server, in real time. It is
+// for rules of the queue, which the SQLite run proves; fn must not call
+// t.Parallel.
+func roomStoresInBubble(t *testing.T, fn func(t *testing.T, s roomStore)) {
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			fn(t, roomSQLite(t))
+		})
+	})
+	t.Run("postgres", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("a rule of the queue: the SQLite run proves it under -short")
+		}
+		t.Parallel()
+		pool := pgtest.Pool(t)
+		s, err := NewPostgres(t.Context(), pool, WithTable(pgtest.NewTable(t, pool)))
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		fn(t, s)
+	})
+}
+
 func roomSQLite(t *testing.T) *SQLiteStore {
 	t.Helper()
 	s, err := OpenSQLite(filepath.Join(t.TempDir(), "runs.db"))
@@ -156,10 +182,10 @@ func settle(t *testing.T, c *scanCounter, store Store, scope string) {
 func TestAProcesssWaitersShareOneReadPerRing(t *testing.T) {
 	t.Parallel()
 	const n = 20
-	roomStores(t, func(t *testing.T, s roomStore) {
-		t.Parallel()
-		for _, mode := range readModes {
-			t.Run(mode, func(t *testing.T) {
+	for _, mode := range readModes {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			roomStoresInBubble(t, func(t *testing.T, s roomStore) {
 				c := &scanCounter{roomStore: s}
 				store := countedStore(c, mode)
 				name := "shared-" + mode
@@ -201,8 +227,8 @@ func TestAProcesssWaitersShareOneReadPerRing(t *testing.T) {
 				assert.LessOrEqual(t, reads, rings+refused, "one read per ring, whatever the number of waiters")
 				require.NoError(t, sl.Release(t.Context()))
 			})
-		}
-	})
+		})
+	}
 }
 
 // gatedScans is a store whose first scans wait for a gate to open, or for
@@ -392,8 +418,7 @@ func TestNoSubscriptionOrGoroutineOutlivesARoomsLastWaiter(t *testing.T) {
 func TestAProcesssWaitersShareOneReadPerExpiry(t *testing.T) {
 	t.Parallel()
 	const n, limit = 20, 8
-	roomStores(t, func(t *testing.T, s roomStore) {
-		t.Parallel()
+	roomStoresInBubble(t, func(t *testing.T, s roomStore) {
 		c := &scanCounter{roomStore: s}
 		store := countedStore(c, "ranges")
 		scopes := []Scope{NamedScope("expiring", limit)}
@@ -596,12 +621,14 @@ func TestAStorePanickingInSubscribeLeavesNoRoomBehind(t *testing.T) {
 // each one admitted releases at once. Under -short it runs the first 4 of
 // its 16 schedules.
 func TestFarWaitersAreAllAdmittedSoon(t *testing.T) {
+	t.Parallel()
 	seeds := uint64(16)
 	if testing.Short() {
 		seeds = 4
 	}
 	for seed := range seeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
 				raw, err := OpenSQLite(filepath.Join(t.TempDir(), "runs.db"))
 				require.NoError(t, err)
