@@ -45,7 +45,11 @@ func TestPostgresMetaBatch(t *testing.T) {
 			churn.Go(func() { replaceUntil(t, pool, table, keys[i%len(keys)], stop) })
 		}
 		var errs []error
-		for range 300 {
+		batches := 300
+		if testing.Short() {
+			batches = 120 // the count is for confidence only
+		}
+		for range batches {
 			var ops []runlease.Op
 			for _, k := range keys {
 				ops = append(ops, runlease.Put(k, "c"))
@@ -56,7 +60,7 @@ func TestPostgresMetaBatch(t *testing.T) {
 		}
 		close(stop)
 		churn.Wait()
-		assert.Empty(t, errs, "of 300 batches")
+		assert.Empty(t, errs, "of %d batches", batches)
 	})
 }
 
@@ -251,7 +255,11 @@ func TestPostgresFencedBatchRaces(t *testing.T) {
 		s, _, _ := recordedStore(t, quickDeadlocks(t))
 		cur := "v0"
 		require.True(t, mustCAS(t, s, "lease", nil, cur))
-		const racers, rounds = 8, 15
+		const racers = 8
+		rounds := 15
+		if testing.Short() {
+			rounds = 6 // the count is for confidence only
+		}
 		for round := range rounds {
 			var won [racers]bool
 			var errs [racers]error

@@ -69,8 +69,12 @@ func TestPostgresRacesAreLostNotFailedWhateverTheIsolation(t *testing.T) {
 			dsn, table := pgRoleTable(t, admin, map[string]string{"default_transaction_isolation": level})
 			requireSetting(t, dsn, "transaction_isolation", level)
 			s := openPG(t, dsn, table)
+			rounds := 20
+			if testing.Short() {
+				rounds = 8 // the count is for confidence only
+			}
 			for name, race := range pgRaces {
-				for round := range 20 {
+				for round := range rounds {
 					key := fmt.Sprintf("%s-%d", name, round)
 					wins := raceOnce(t, s, key, race)
 					assert.Equal(t, 1, wins, "%s: winners of one race", key)
