@@ -401,3 +401,95 @@ func TestAPlaceOfUnknownOutcomeGivesBackTheShareOfALostOne(t *testing.T) {
 		assert.Equal(t, before, libRows(t, s), "no mark or other row left behind")
 	})
 }
+
+// markMovedFirst is a store without batches on which another run of the
+// principal moves the mark at key, once, just before a waiter's write of
+// it: that write is refused, after the writes of the same place before it
+// (its entries, its place rows, its mark in an earlier scope) landed.
+type markMovedFirst struct {
+	runlease.Store
+	key, moved string
+	once       sync.Once
+}
+
+func (s *markMovedFirst) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
+	if key == s.key {
+		s.once.Do(func() {
+			cur, found, err := s.Store.MetaGet(ctx, key)
+			var was *string
+			if err == nil && found {
+				was = &cur
+			}
+			_, _ = s.Store.MetaCAS(ctx, key, was, s.moved)
+		})
+	}
+	return s.Store.MetaCAS(ctx, key, expected, value)
+}
+
+// On a store without batches a place is written row by row, and one
+// refused after some of its rows landed has moved the principal's mark in
+// the scopes written before: the wait still gives that share back. The
+// place is refused in mem, whose mark another run of the principal moved;
+// when the wait is cancelled, gpu's mark goes back to what it was before
+// the wait (mem's stays the other run's).
+func TestAPlaceRefusedPartwayOnAStoreWithoutBatchesGivesItsShareBack(t *testing.T) {
+	t.Parallel()
+	base := newSQLite(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	gpu, mem := runlease.NamedScope("gpu", 1), runlease.MemScope(1)
+	_, err := runlease.ClaimSlots(ctx, base, "holder", []runlease.Scope{gpu, mem}, runlease.WithTTL(time.Hour))
+	require.NoError(t, err)
+	moved := `{"finish":5000000,"until_ms":` + strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10) + `}`
+	s := &markMovedFirst{Store: testkit.PlainStore{Store: base}, key: runlease.FairPrefix + "3:mem:a", moved: moved}
+	res := waitInBackground(ctx, s, "r", []runlease.Scope{gpu, mem}, runlease.WithFairShare("a", 1))
+	awaitWaiting(t, base, "r", res)
+	require.Eventually(t, func() bool {
+		v, found, err := base.MetaGet(ctx, s.key)
+		return err == nil && found && v != moved // the place after the refused one moved mem's mark on
+	}, 20*time.Second, time.Millisecond)
+	cancel()
+	require.ErrorIs(t, (<-res).err, context.Canceled)
+	_, found, err := base.MetaGet(t.Context(), runlease.FairPrefix+"3:gpu:a")
+	require.NoError(t, err)
+	assert.False(t, found, "gpu's mark is back to what it was before the wait (absent)")
+	assert.Equal(t, moved, get(t, base, runlease.FairPrefix+"3:mem:a"), "mem's is the other run's")
+	assert.Empty(t, queueRows(t, base), "no entry left behind")
+}
+
+// A mark row names no writer: two runs of a principal that queue at the
+// same instant, from the same mark, for the same units, send the same
+// mark. When one's place is written with an outcome it never learns, and
+// did not land, while the other's landed, the first's wait gives back no
+// share on leaving: the mark there is the other run's, which still waits,
+// and moving it back would let the principal's next run share its tag.
+func TestAPlaceOfUnknownOutcomeGivesBackNoShareItDidNotTake(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		base := queueBubbleStore(t)
+		f := &testkit.Faulty{Store: base}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		mem := []runlease.Scope{runlease.MemScope(1)}
+		_, err := runlease.ClaimSlots(ctx, base, "holder", mem, runlease.WithTTL(time.Hour))
+		require.NoError(t, err)
+		opts := []runlease.Option{runlease.WithFairShare("a", 1), runlease.WithWaitPoll(time.Minute)}
+		mk := runlease.FairPrefix + "3:mem:a"
+		yDone := make(chan error, 1)
+		// x's place does not land, and before its reply y, of the same
+		// principal, queues from the same mark.
+		f.Next(testkit.Fault{Err: testkit.Unknown("MetaBatch"), Then: func() {
+			go func() { _, err := runlease.ClaimSlotsWait(ctx, base, "y", mem, opts...); yDone <- err }()
+			synctest.Wait()
+		}})
+		_, err = runlease.ClaimSlotsWait(ctx, f, "x", mem, opts...)
+		require.True(t, runlease.IsOutcomeUnknown(err), "x ends with the fault: %v", err)
+		synctest.Wait()
+		require.Len(t, lineRowsOf(t, base, "mem", "y"), 1, "y waits")
+		_, found, err := base.MetaGet(ctx, mk)
+		require.NoError(t, err)
+		assert.True(t, found, "y's mark stays while y waits")
+		cancel()
+		<-yDone
+	})
+}

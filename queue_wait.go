@@ -143,6 +143,12 @@ type waiter struct {
 	// earlier one, and leave gives that back too.
 	markWas     []string
 	markPrevWas []*string
+	// doubt is, per scope, the entry (key and row) of that place whose
+	// write's outcome is unknown: a mark row names no writer, and another
+	// run of the principal may have written one equal to the one this
+	// waiter sent, so leave gives back what it sent only where it finds
+	// that entry, which lands with the mark or not at all.
+	doubt []Row
 	// tried holds the line keys of places whose write was sent but is not
 	// known to have landed or failed: leave looks for them too.
 	tried map[string]struct{}
@@ -189,7 +195,7 @@ func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, comm
 	n := len(scopes)
 	w := &waiter{s: s, scopes: scopes, fence: fence, commit: commit, keys: make([]string, n), rows: make([]string, n),
 		places: make([]string, n), marks: make([]string, n), markPrev: make([]*string, n),
-		markWas: make([]string, n), markPrevWas: make([]*string, n), tried: map[string]struct{}{}}
+		markWas: make([]string, n), markPrevWas: make([]*string, n), doubt: make([]Row, n), tried: map[string]struct{}{}}
 	w.me = queueEntry{Run: s.runID, Waiter: hex.EncodeToString(id[:]), Fence: fence,
 		Principal: s.o.principal, Weight: s.o.weightOr1(), Priority: s.o.priority}
 	for _, sc := range scopes {
@@ -653,6 +659,7 @@ func (w *waiter) admitted() {
 	clear(w.markPrev)
 	clear(w.markWas)
 	clear(w.markPrevWas)
+	clear(w.doubt)
 	clear(w.tried)
 }
 
@@ -1041,11 +1048,19 @@ func (w *waiter) putPlace(ctx context.Context, states []*scopeState, rank *queue
 	}
 	var marks []string
 	var prev []*string
+	markAt := make([]int, n) // per scope, the index of its mark's op
 	if !w.queued {
 		var mconds []Cond
 		var mops []Op
 		mconds, mops, marks, prev = w.markWrites(states, &next)
-		conds, ops = append(conds, mconds...), append(ops, mops...)
+		for i := range marks {
+			if marks[i] != "" {
+				markAt[i] = len(ops)
+				ops = append(ops, mops[0])
+				mops = mops[1:]
+			}
+		}
+		conds = append(conds, mconds...)
 		conds = append(conds, w.virtualTimeConds(states, &next)...)
 		for i, k := range keys {
 			// leave looks for every place this waiter may have left: the
@@ -1071,23 +1086,32 @@ func (w *waiter) putPlace(ctx context.Context, states []*scopeState, rank *queue
 	// batches): leave finds them by their keys.
 	w.wrote = true
 	var ok bool
+	var landed int
 	var err error
-	if m, batched := batchedRenewals(w.s.store); batched && w.queued {
+	_, batched := w.s.store.(Batcher)
+	if m, multi := batchedRenewals(w.s.store); multi && w.queued {
 		ok, err = w.renewEntries(ctx, m, conds, ops)
 	} else {
-		ok, err = w.putEntries(ctx, conds, ops)
+		ok, landed, err = w.putEntries(ctx, conds, ops)
 	}
 	w.fresh = roomTick() // the next read must show what this write did
 	if err != nil || !ok {
-		_, batched := w.s.store.(Batcher)
 		switch {
 		case w.queued:
-		case err == nil || batched && !IsOutcomeUnknown(err):
-			copy(w.marks, oldMarks)
-			copy(w.markPrev, oldPrev)
-		case IsOutcomeUnknown(err):
+		case err == nil || !IsOutcomeUnknown(err) || !batched:
+			// Certainly not written, but for the ops a store without
+			// batches wrote before the one that failed (a mark whose own
+			// write is in doubt there counts as not written: the share
+			// stays charged, which ranks no run ahead of its turn).
 			for i := range marks {
-				if marks[i] != "" && oldMarks[i] != "" {
+				if marks[i] == "" || markAt[i] >= landed {
+					w.marks[i], w.markPrev[i] = oldMarks[i], oldPrev[i]
+				}
+			}
+		default:
+			for i := range marks {
+				if marks[i] != "" {
+					w.doubt[i] = Row{Key: keys[i], Value: rows[i]}
 					w.markWas[i], w.markPrevWas[i] = oldMarks[i], oldPrev[i]
 				}
 			}
@@ -1113,6 +1137,8 @@ func (w *waiter) putPlace(ctx context.Context, states []*scopeState, rank *queue
 	if !w.queued {
 		w.queuedAt = start
 		copy(w.places, places)
+		clear(w.markWas)
+		clear(w.doubt)
 	}
 	w.me, w.queued, w.wroteAt = next, true, start
 	w.keys, w.rows = keys, rows
@@ -1129,16 +1155,21 @@ func (w *waiter) ownsEntry(raw string) bool {
 // with batches, and otherwise op by op, each conditional on its key's
 // condition, stopping at the first that does not land (conditions on keys
 // no op writes cannot be checked together then: such a store gives no
-// atomicity across rows).
-func (w *waiter) putEntries(ctx context.Context, conds []Cond, ops []Op) (bool, error) {
+// atomicity across rows). It reports how many of ops certainly landed,
+// in order.
+func (w *waiter) putEntries(ctx context.Context, conds []Cond, ops []Op) (bool, int, error) {
 	if b, ok := w.s.store.(Batcher); ok {
-		return batchResolved(ctx, b, w.s.store, conds, ops)
+		ok, err := batchResolved(ctx, b, w.s.store, conds, ops)
+		if !ok {
+			return false, 0, err
+		}
+		return true, len(ops), err
 	}
 	expected := make(map[string]*string, len(conds))
 	for _, c := range conds {
 		expected[c.Key] = c.Value
 	}
-	for _, op := range ops {
+	for n, op := range ops {
 		var ok bool
 		var err error
 		switch exp := expected[op.Key]; {
@@ -1150,10 +1181,10 @@ func (w *waiter) putEntries(ctx context.Context, conds []Cond, ops []Op) (bool, 
 			ok = true // nothing there to delete
 		}
 		if err != nil || !ok {
-			return false, err
+			return false, n, err
 		}
 	}
-	return true, nil
+	return true, len(ops), nil
 }
 
 // renewEntries renews the entries of a queued waiter with the renewals
@@ -1247,6 +1278,13 @@ func (w *waiter) leave(ctx context.Context) {
 		return
 	}
 	for i, sc := range w.scopes {
+		// A place whose write is in doubt landed if its entry is there
+		// as sent (read before the entries are taken out).
+		landed := true
+		if d := w.doubt[i]; d.Key != "" {
+			cur, found, err := w.s.store.MetaGet(ctx, d.Key)
+			landed = err == nil && found && cur == d.Value
+		}
 		// Deleted only while it is a row this waiter wrote, live or
 		// expired: a newer waiter's place is never touched. The row last
 		// written is tried first; after a write whose outcome is unknown,
@@ -1275,7 +1313,7 @@ func (w *waiter) leave(ctx context.Context) {
 		// run must not take that tag again. After a place whose write's
 		// outcome is unknown, the mark holds what it sent or still what
 		// the place before it sent.
-		if gone && !w.giveShareBack(ctx, sc, w.marks[i], w.markPrev[i]) {
+		if gone && !(landed && w.giveShareBack(ctx, sc, w.marks[i], w.markPrev[i])) {
 			w.giveShareBack(ctx, sc, w.markWas[i], w.markPrevWas[i])
 		}
 	}
@@ -1283,6 +1321,7 @@ func (w *waiter) leave(ctx context.Context) {
 	clear(w.rows)
 	clear(w.marks)
 	clear(w.markWas)
+	clear(w.doubt)
 	clear(w.tried)
 }
 
