@@ -100,7 +100,7 @@ func testBatchBadInput(t *testing.T, s runlease.Store, b runlease.Batcher) {
 func testBatchAtomicity(t *testing.T, s runlease.Store, b runlease.Batcher) {
 	const counters = 6
 	var batched, single atomic.Int64
-	sum := raceCounters(t, s, counters, 16, 40, 7, func(ctx context.Context, w int, rng *rand.Rand, key func(int) string) error {
+	sum := raceCounters(t, s, counters, 16, shortOr(15, 40), 7, func(ctx context.Context, w int, rng *rand.Rand, key func(int) string) error {
 		return batchIncrement(ctx, s, b, rng, key, counters, w%4 == 0, &batched, &single)
 	})
 	require.Equal(t, int(2*batched.Load()+single.Load()), sum, "every applied write counted once, no partial batch")

@@ -70,7 +70,7 @@ func testMultiCASBadInput(t *testing.T, s runlease.Store, m runlease.MultiCASer)
 func testMultiCASRace(t *testing.T, s runlease.Store, m runlease.MultiCASer) {
 	const counters = 6
 	var applied atomic.Int64
-	sum := raceCounters(t, s, counters, 8, 30, 11, func(ctx context.Context, w int, rng *rand.Rand, key func(int) string) error {
+	sum := raceCounters(t, s, counters, 8, shortOr(12, 30), 11, func(ctx context.Context, w int, rng *rand.Rand, key func(int) string) error {
 		return multiIncrement(ctx, s, m, rng, key, counters, w%2 == 0, &applied)
 	})
 	require.Equal(t, int(applied.Load()), sum)

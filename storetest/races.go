@@ -26,6 +26,16 @@ func raceRounds() int {
 	return 1000
 }
 
+// shortOr returns short when testing.Short reports true and full
+// otherwise: how many times to repeat a check whose count is only for
+// confidence.
+func shortOr(short, full int) int {
+	if testing.Short() {
+		return short
+	}
+	return full
+}
+
 // race runs fn(0) … fn(n-1) on n goroutines and returns when all are done.
 // A start barrier holds every goroutine until all of them exist, so the calls
 // overlap instead of running one after another as the goroutines are spawned.
@@ -107,9 +117,11 @@ func testRaces(t *testing.T, newStore newStoreFunc) {
 
 const (
 	mixWorkers = 16
-	mixOps     = 200
 	mixCounter = "mix/counter"
 )
+
+// mixOps is how many operations each worker of the mixed load makes.
+func mixOps() int { return shortOr(60, 200) }
 
 var mixKeys = []string{"mix/a", "mix/b", "mix/c"}
 
@@ -119,7 +131,7 @@ func testMixedLoad(t *testing.T, newStore newStoreFunc) {
 		errs := make([][]error, mixWorkers)
 		race(mixWorkers, func(w int) {
 			rng := rand.New(rand.NewPCG(uint64(w), 0x5eed))
-			for op := range mixOps {
+			for op := range mixOps() {
 				if err := mixedOp(t.Context(), s, rng, fmt.Sprintf("w%d-op%d", w, op), &increments); err != nil {
 					errs[w] = append(errs[w], fmt.Errorf("worker %d op %d: %w", w, op, err))
 				}

@@ -130,10 +130,7 @@ func effectOf(t *testing.T, s runlease.Store, p string, names ...string) effect 
 // cutCalls is how many calls the tests of contexts that end during a call
 // make.
 func cutCalls() int {
-	if testing.Short() {
-		return 50
-	}
-	return 200
+	return shortOr(24, 200)
 }
 
 // cutContext returns a context that ends at a random instant within twice
