@@ -820,8 +820,8 @@ var catalog = []mutation{
 	{
 		Name:   "leave-gives-share-back-though-entry-stays",
 		File:   "queue_wait.go",
-		Old:    "if w.marks[i] != \"\" && gone {",
-		New:    "if w.marks[i] != \"\" {",
+		Old:    "if gone && !(landed && w.giveShareBack(",
+		New:    "if true && !(landed && w.giveShareBack(",
 		Breaks: "A waiter that leaves moves its principal's mark back though its entry could not be deleted, so the principal's next run takes the tag the leftover entry still ranks at.",
 		Pkg:    ".", Tests: lineTests,
 	},
