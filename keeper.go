@@ -397,18 +397,20 @@ func (l *Lease) lostToOthers() error {
 
 // releaseStops reports whether err, a loss of the lease about to end one of
 // its keepers, is the driver's own release, which stops the keeper rather
-// than losing it: Release has been called, and the loss was recorded since
-// (the release's tombstone, or a loss a call found while it ran) or is the
-// answer of a lease being released (errReleasing). Two Releases of one
+// than losing it: a release (ErrReleased) found once Release was called,
+// either the release's own tombstone or the answer of a lease being
+// released (errReleasing). Two Releases of one
 // lease may overlap: while the first ends the keepers one by one, the
 // second finds none left, releases the row and records the lease as
 // released, and the keepers the first has not reached yet may meanwhile
 // find that release (their Renewer's look, Err, a renewal's answer). A loss
-// recorded before Release was called is a loss, and so is a trust window
-// run out, which is the keeper's own.
+// to others is a loss whenever it is found: recorded before Release was
+// called, or found while it ran (taken over, the row changed, released by
+// an operator), and so is a trust window run out, which is the keeper's
+// own.
 func (l *Lease) releaseStops(err error) bool {
-	if !errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrTrustExpired) {
-		return false
+	if !errors.Is(err, ErrReleased) {
+		return false // taken over, row changed, trust run out: a loss
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -246,3 +246,61 @@ func TestALossFoundBeforeReleaseStillEndsKeepersAsLost(t *testing.T) {
 	<-k.Done()
 	require.ErrorIs(t, k.Err(), ErrTakenOver, "lost before Release was called")
 }
+
+// TestATakeoverFoundWhileReleasesOverlapEndsTheKeeperAsLost: the lease is
+// taken over (an operator's release, then holder B's acquisition) while
+// two Releases of it overlap: the first has taken the keepers and is held
+// before it ends keeper 1; the second finds none left and is refused with
+// the takeover. Keeper 1's own renewal is then told that B holds the
+// lease. That is a loss to others, found while the driver released: the
+// keeper ends taken over and its Lost hook runs, as it would without the
+// overlap.
+func TestATakeoverFoundWhileReleasesOverlapEndsTheKeeperAsLost(t *testing.T) {
+	s, err := OpenSQLite(filepath.Join(t.TempDir(), "runs.db"))
+	require.NoError(t, err)
+	defer s.Close()
+	ctx := t.Context()
+	l, err := Acquire(ctx, s, "r", "A", WithTTL(time.Minute))
+	require.NoError(t, err)
+	var lostHooks atomic.Int32
+	rs := []*Renewer{{}, {}}
+	var ks []*Keeper
+	for _, r := range rs {
+		defer r.Close()
+		k, err := r.Keep(ctx, l, KeepInterval(10*time.Second),
+			WithHooks(Hooks{Lost: func(LossEvent) { lostHooks.Add(1) }}))
+		require.NoError(t, err)
+		ks = append(ks, k)
+	}
+	info, err := Peek(ctx, s, "r")
+	require.NoError(t, err)
+	require.NoError(t, ForceRelease(ctx, s, info))
+	_, err = Acquire(ctx, s, "r", "B", WithTTL(time.Minute))
+	require.NoError(t, err)
+
+	rs[0].mu.Lock() // the first Release is held before it ends keeper 0
+	var wg sync.WaitGroup
+	var first error
+	wg.Go(func() { first = l.Release(ctx) })
+	require.Eventually(t, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.keepers) == 0
+	}, 5*time.Second, time.Millisecond)
+	require.ErrorIs(t, l.Release(ctx), ErrTakenOver, "the second Release")
+	r := rs[1] // keeper 1's own renewal finds the takeover
+	r.mu.Lock()
+	r.startLeaseLocked(ks[1], time.Now(), false)
+	j := ks[1].leaseJob
+	r.mu.Unlock()
+	<-j.done
+	rs[0].mu.Unlock()
+	wg.Wait()
+	require.ErrorIs(t, first, ErrTakenOver, "the first Release")
+
+	<-ks[1].Done()
+	require.ErrorIs(t, ks[1].Err(), ErrTakenOver, "keeper 1, whose renewal was told B holds the lease")
+	require.Error(t, ks[1].Context().Err(), "its work context is cancelled")
+	require.Eventually(t, func() bool { return lostHooks.Load() > 0 }, 5*time.Second, time.Millisecond,
+		"a Lost hook runs for a takeover by another holder")
+}

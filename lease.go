@@ -86,9 +86,10 @@ type Lease struct {
 	lost      error // sticky once the row is known to be someone else's
 	released  bool  // the row is released at this lease's fence
 	releasing bool  // Release was called: nothing but Release may write
-	// lostReleasing: lost was recorded once releasing was set (the
-	// release's own tombstone, or a loss a call found while it ran), so it
-	// ends no keeper as a loss (Lease.releaseStops).
+	// lostReleasing: lost is the lease's own release, recorded with its
+	// tombstone once releasing was set, so it ends no keeper as a loss
+	// (Lease.releaseStops). A loss to others found while Release runs
+	// (taken over, released by an operator) leaves it false.
 	lostReleasing bool
 	// writing is the write token: held by the one write in flight, for its
 	// whole duration (lock, tryLock, unlock). A write that must wait for

@@ -387,7 +387,7 @@ func (l *Lease) lose(lost *LeaseLostError, tombstone ...string) error {
 		l.mu.Unlock()
 		return err
 	}
-	l.lost, l.lostReleasing = lost, l.releasing
+	l.lost, l.lostReleasing = lost, l.releasing && len(tombstone) > 0
 	if len(tombstone) > 0 {
 		l.released, l.seen = true, tombstone[0]
 	}
