@@ -159,10 +159,15 @@ type pgDoubt struct {
 type pgBackends map[int32]time.Time
 
 // there reports whether the backend of w may still be there: one with its
-// id is, and did not start after w was noted.
+// id is, its start is shown, and it did not start after w was noted. The
+// server hides the start of another role's backends from a role without
+// pg_read_all_stats, never of its own: the store's writes run on backends
+// of its own role, so a backend whose start is hidden took the id of one
+// that exited, and waiting for it could last as long as another
+// application's connection.
 func (b pgBackends) there(w pgDoubt) bool {
 	start, ok := b[int32(w.pid)]
-	return ok && (start.IsZero() || w.at.IsZero() || !start.After(w.at))
+	return ok && !start.IsZero() && (w.at.IsZero() || !start.After(w.at))
 }
 
 // note records the outcome of a write of keys, run as run says: in doubt
