@@ -623,3 +623,59 @@ func backendState(t *testing.T, dsn string) func(pid uint32) string {
 		return *st
 	}
 }
+
+// TestPostgresReadDoesNotWaitForABackendOfAnotherRole: the store's role is
+// an ordinary one (no pg_read_all_stats). A write of key k was noted in
+// doubt on backend P, its connection cut; P has exited, and a backend of
+// another role took its id. The server hides that backend's start from
+// the store's role, and the store's own backends are never hidden from
+// it, so the read knows the backend is not P: it neither waits for it (as
+// long as another application's connection may live) nor keeps k in
+// doubt.
+func TestPostgresReadDoesNotWaitForABackendOfAnotherRole(t *testing.T) {
+	ctx := t.Context()
+	admin := pgtest.Pool(t)
+	suffix := fmt.Sprintf("%d_%d", time.Now().UnixNano(), syscall.Getpid())
+	storeRole, otherRole := "rl_store_"+suffix, "rl_other_"+suffix
+	for _, role := range []string{storeRole, otherRole} {
+		_, err := admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN")
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
+			_, _ = admin.Exec(context.Background(), "DROP ROLE "+role)
+		})
+	}
+	_, err := admin.Exec(ctx, "GRANT CREATE ON SCHEMA public TO "+storeRole)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "REVOKE CREATE ON SCHEMA public FROM "+storeRole) })
+
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.User = storeRole
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s, err := NewPostgres(ctx, pool, WithTable("rl_doubt_"+suffix), WithCreateTable(true))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	ok, err := s.MetaCAS(ctx, "k", nil, "v0")
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	ocfg, err := pgx.ParseConfig(pgtest.DSN(t))
+	require.NoError(t, err)
+	ocfg.User = otherRole
+	other, err := pgx.ConnectConfig(ctx, ocfg)
+	require.NoError(t, err)
+	defer other.Close(context.Background())
+	unknown := &StorageError{Op: "MetaCAS", Key: "k", Unknown: true, Err: errors.New("reply lost")}
+	s.doubts.note(unknown, false, pgRun{pid: other.PgConn().PID(), cut: true, at: time.Now().Add(-time.Second)}, "k")
+
+	c, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	v, found, err := s.MetaGet(c, "k")
+	require.NoError(t, err, "the read waited for another role's backend")
+	assert.True(t, found)
+	assert.Equal(t, "v0", v)
+	assert.False(t, s.doubts.has("k"), "the write's backend is gone: the key is out of doubt")
+}
