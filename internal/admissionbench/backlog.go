@@ -61,10 +61,16 @@ func runBacklog(ctx context.Context, cfg config, c contender, n int, progress io
 	// a cancelled waiter takes its place out of the queue, which a
 	// hundred thousand of them would take minutes to do, and the schema,
 	// table or file goes anyway.
+	var ch *children // the processes queueing the backlog, if not this one
 	defer func() {
 		pcancel()
 		waitProbes()
 		bcancel()
+		if ch != nil {
+			if cerr := ch.stop(); err == nil && cerr != nil {
+				err = fmt.Errorf("the backlog's processes: %w", cerr)
+			}
+		}
 		if cerr := c.close(); err == nil && cerr != nil {
 			err = fmt.Errorf("closing: %w", cerr)
 		}
@@ -100,6 +106,14 @@ func runBacklog(ctx context.Context, cfg config, c contender, n int, progress io
 	)
 	start := time.Now()
 	lastReport := start
+	strayCount := strays.Load
+	if sp, ok := c.(spreader); ok && cfg.procs > 1 && n > 0 {
+		if ch, err = spawnChildren(ctx, cfg, sp, n, cfg.procs, progress); err != nil {
+			return res, err
+		}
+		strayCount = ch.strays.Load
+		n = 0 // nothing to queue here
+	}
 	for i := range n {
 		if time.Since(start) > cfg.budget {
 			res.budgetHit = true
@@ -149,6 +163,11 @@ func runBacklog(ctx context.Context, cfg config, c contender, n int, progress io
 			lastReport = time.Now()
 			fmt.Fprintf(progress, "backlog %s n=%d: %d queued after %v\n", c.name(), n, queuedN.Load(), time.Since(start).Round(time.Second))
 		}
+	}
+	if ch != nil {
+		times = waitChildren(ctx, ch, start, progress, c.name(), &res)
+		launched = int(ch.total())
+		queuedN.Store(ch.total())
 	}
 	// Let the waiters in flight settle.
 	settle := time.Now()
@@ -216,7 +235,7 @@ func runBacklog(ctx context.Context, cfg config, c contender, n int, progress io
 	if hasReads {
 		rt.resetReads()
 	}
-	strays0 := strays.Load()
+	strays0 := strayCount()
 	tr0, n0, t0 := c.trips(), int64(0), time.Now()
 	deadline := t0.Add(cfg.admitBudget)
 	for _, b := range blockers {
@@ -236,7 +255,7 @@ func runBacklog(ctx context.Context, cfg config, c contender, n int, progress io
 		if hasReads {
 			rt.resetReads()
 		}
-		strays0 = strays.Load()
+		strays0 = strayCount()
 		tr0, n0, t0 = c.trips(), rec.count.Load(), time.Now()
 	}
 	target := n0 + int64(cfg.admissions)
@@ -247,7 +266,7 @@ func runBacklog(ctx context.Context, cfg config, c contender, n int, progress io
 	}
 	tr1, n1, elapsed := c.trips(), rec.count.Load(), time.Since(t0)
 	res.admitted = int(n1 - n0)
-	res.strays = strays.Load() - strays0
+	res.strays = strayCount() - strays0
 	if res.admitted < cfg.admissions {
 		res.budgetHit = true
 		res.admitShort = true

@@ -47,6 +47,7 @@ type config struct {
 	warmAdmits  int
 	probes      int
 	inflight    int
+	procs       int // processes queueing a backlog (1: the measuring one)
 	budget      time.Duration
 	admitBudget time.Duration
 	claimTrials int
@@ -55,6 +56,13 @@ type config struct {
 }
 
 func main() {
+	if spec := os.Getenv(childEnv); spec != "" {
+		if err := runChild(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "admissionbench child:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	cfg, err := parseFlags(os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "admissionbench:", err)
@@ -108,6 +116,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.warmAdmits, "warm-admissions", 20, "backlog: admissions let through before the measured ones")
 	fs.IntVar(&cfg.probes, "probes", 8, "backlog: closed-loop waiters ranked ahead of the backlog, whose admissions are measured")
 	fs.IntVar(&cfg.inflight, "inflight", 8, "backlog: waiters queueing at once while the backlog is built")
+	fs.IntVar(&cfg.procs, "backlog-procs", 1, "backlog: processes queueing the backlog; above 1, child processes queue it (runlease-postgres only; the others queue in the measuring process) and only the probes run in the measuring one")
 	fs.DurationVar(&cfg.budget, "budget", 3*time.Minute, "backlog: time allowed to build one backlog; past it the harness stops queueing, says how far it got, and measures behind what queued")
 	fs.DurationVar(&cfg.admitBudget, "admit-budget", time.Minute, "backlog: time allowed to measure the admissions behind one backlog; past it the harness reports the admissions it saw")
 	fs.IntVar(&cfg.claimTrials, "claims", 15, "backlog: refused claims timed per measurement")
@@ -146,8 +155,8 @@ func parseFlags(args []string) (config, error) {
 		return cfg, errors.New("no Postgres DSN: give -dsn or set RUNLEASE_TEST_POSTGRES")
 	}
 	if cfg.runs < 1 || cfg.limit < 1 || cfg.hold < 0 || cfg.duration <= 0 || cfg.warmup < 0 || cfg.waiters < 1 || cfg.principals < 0 ||
-		cfg.admissions < 1 || cfg.warmAdmits < 0 || cfg.probes < 1 || cfg.inflight < 1 || cfg.budget <= 0 || cfg.admitBudget <= 0 || cfg.claimTrials < 1 || cfg.dbosPoll <= 0 || cfg.waitPoll < 0 {
-		return cfg, errors.New("-runs, -limit, -duration, -waiters, -admissions, -probes, -inflight, -budget, -admit-budget, -claims and -dbos-poll must be positive, -hold, -warmup and -warm-admissions not negative")
+		cfg.admissions < 1 || cfg.warmAdmits < 0 || cfg.probes < 1 || cfg.inflight < 1 || cfg.procs < 1 || cfg.budget <= 0 || cfg.admitBudget <= 0 || cfg.claimTrials < 1 || cfg.dbosPoll <= 0 || cfg.waitPoll < 0 {
+		return cfg, errors.New("-runs, -limit, -duration, -waiters, -admissions, -probes, -inflight, -backlog-procs, -budget, -admit-budget, -claims and -dbos-poll must be positive, -hold, -warmup and -warm-admissions not negative")
 	}
 	return cfg, nil
 }

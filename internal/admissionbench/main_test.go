@@ -2,12 +2,26 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"os"
 	"strings"
 	"testing"
 	"time"
 )
+
+// TestMain runs the test binary as a backlog's child process when it is
+// re-executed as one (-backlog-procs).
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(childEnv); spec != "" {
+		if err := runChild(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "admissionbench child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 func tinyConfig(t *testing.T) config {
 	t.Helper()
@@ -65,7 +79,20 @@ func TestContention(t *testing.T) {
 // TestBacklog queues a backlog of 20 on every contender, and checks that
 // all 20 queued and the probes' admissions were measured behind it.
 func TestBacklog(t *testing.T) {
+	checkBacklog(t, tinyConfig(t))
+}
+
+// TestBacklogQueuedByOtherProcesses has three child processes queue
+// runlease-postgres's backlog: all 20 must be in the store's queue, none
+// admitted while the units were held, and the probes measured behind them.
+func TestBacklogQueuedByOtherProcesses(t *testing.T) {
 	cfg := tinyConfig(t)
+	cfg.procs, cfg.contenders = 3, []string{"runlease-postgres"}
+	checkBacklog(t, cfg)
+}
+
+func checkBacklog(t *testing.T, cfg config) {
+	t.Helper()
 	rows, err := measureBacklog(t.Context(), cfg, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -87,6 +114,9 @@ func TestBacklog(t *testing.T) {
 		}
 		if x.errs != 0 {
 			t.Errorf("%s: %d errors, the last %s", r.contender, x.errs, x.lastErr)
+		}
+		if x.strays != 0 {
+			t.Errorf("%s: %d backlog waiters admitted while the units were held or the probes ran", r.contender, x.strays)
 		}
 		if r.contender != "dbos" && (x.claim <= 0 || b.claim <= 0) {
 			t.Errorf("%s: refused claims were not timed", r.contender)

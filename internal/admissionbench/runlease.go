@@ -50,6 +50,13 @@ func randHex() string {
 }
 
 func newRunleasePostgres(ctx context.Context, dsn string, limit int) (*runleaseContender, error) {
+	return openRunleasePostgresTable(ctx, dsn, limit, "admissionbench_"+randHex())
+}
+
+// openRunleasePostgresTable opens the store of table, made if missing: a
+// fresh one for a measurement, or the measured one for a child queueing
+// part of its backlog.
+func openRunleasePostgresTable(ctx context.Context, dsn string, limit int, table string) (*runleaseContender, error) {
 	c := &runleaseContender{kind: "postgres", w: &watch{}, ptrips: &benchkit.TripCounter{}, principals: 16,
 		scope: runlease.NamedScope(scopeName, limit)}
 	pool, err := benchkit.OpenCountedPool(ctx, dsn, 0, c.ptrips)
@@ -57,7 +64,7 @@ func newRunleasePostgres(ctx context.Context, dsn string, limit int) (*runleaseC
 		return nil, err
 	}
 	c.pool = pool
-	c.table = "admissionbench_" + randHex()
+	c.table = table
 	s, err := runlease.NewPostgres(ctx, pool, runlease.WithTable(c.table))
 	if err != nil {
 		pool.Close()
