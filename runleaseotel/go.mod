@@ -3,7 +3,7 @@ module github.com/areev/runlease/runleaseotel
 go 1.26.0
 
 require (
-	github.com/areev/runlease v0.0.0
+	github.com/areev/runlease v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.47.0
@@ -46,5 +46,3 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
 )
-
-replace github.com/areev/runlease => ../

@@ -3,7 +3,7 @@ module github.com/areev/runlease/internal/admissionbench
 go 1.26.0
 
 require (
-	github.com/areev/runlease v0.0.0
+	github.com/areev/runlease v0.1.0
 	github.com/dbos-inc/dbos-transact-golang v1.9.0
 	github.com/jackc/pgx/v5 v5.13.0
 )
@@ -27,5 +27,3 @@ require (
 	modernc.org/memory v1.13.0 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
 )
-
-replace github.com/areev/runlease => ../..

@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	cirello.io/pglock v1.16.1
-	github.com/areev/runlease v0.0.0
+	github.com/areev/runlease v0.1.0
 	github.com/lib/pq v1.10.9
 )
 
@@ -26,5 +26,3 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
 )
-
-replace github.com/areev/runlease => ../..

@@ -3,7 +3,7 @@ module github.com/areev/runlease/statuspage/browsertest
 go 1.26.0
 
 require (
-	github.com/areev/runlease v0.0.0
+	github.com/areev/runlease v0.1.0
 	github.com/chromedp/chromedp v0.23.1
 )
 
@@ -27,5 +27,3 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
 )
-
-replace github.com/areev/runlease => ../..

@@ -78,7 +78,9 @@ func Binary() (string, error) {
 	tmp := fmt.Sprintf("%s.%d", bin, os.Getpid())
 	cmd := exec.Command("go", "build", "-o", tmp, ".")
 	cmd.Dir = src
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	// GOWORK=off: the server builds against its own go.mod alone, never
+	// against a workspace that raises its dependencies.
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		os.Remove(tmp)
 		return "", fmt.Errorf("etcdtest: building etcd %s in %s: %v\n%s", Version, src, err, out)
