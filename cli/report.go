@@ -38,25 +38,18 @@ func (r *report) timeText(t time.Time) string {
 	return timestamp(t)
 }
 
-// readReport reads every lease and slot of s, judged at now.
+// readReport reads every lease, slot and queue of s, judged at now, as the
+// status page reads them (statuspage.Read).
 func readReport(ctx context.Context, s runlease.Store, name string, now time.Time, limits map[string]int) (*report, error) {
-	leases, err := runlease.Leases(ctx, s, at(now))
+	r, err := statuspage.Read(ctx, s, "", now)
 	if err != nil {
 		return nil, err
 	}
-	slots, err := runlease.Occupancy(ctx, s, at(now))
-	if err != nil {
-		return nil, err
-	}
-	waiters, err := runlease.Queues(ctx, s, at(now))
-	if err != nil {
-		return nil, err
-	}
-	return &report{store: name, now: now, leases: leases, slots: slots, waiters: waiters, limits: limits}, nil
+	return &report{store: name, now: now, leases: r.Leases, slots: r.Slots, waiters: r.Waiters, limits: limits}, nil
 }
 
-// The --json documents are statuspage's, so that status --json and the
-// status page's JSON endpoint cannot drift apart.
+// The --json documents are statuspage's, built by its NewStatus, so that
+// status --json and the status page's status.json cannot drift apart.
 type (
 	statusJSON = statuspage.Document
 	scopeJSON  = statuspage.Scope
@@ -72,9 +65,7 @@ func (r *report) scopes() []scopeJSON {
 // writeJSON prints the report as one JSON document: indented, or on one
 // line for a stream of refreshes.
 func (r *report) writeJSON(w io.Writer, compact bool) error {
-	doc := statuspage.NewDocument(r.store, r.table, r.now, r.leases, r.slots, r.limits)
-	doc.Scopes = statuspage.AddQueues(doc.Scopes, r.waiters, r.now)
-	doc.Omitted = r.omitted
+	doc := statuspage.NewStatus(r.store, r.table, r.now, r.leases, r.omitted, r.slots, r.waiters, r.limits)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	if !compact {

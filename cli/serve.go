@@ -14,12 +14,23 @@ import (
 )
 
 const serveHelp = `
-Serve serves the status page of a store over HTTP: every lease (run,
-holder, fence, state, when it expires and when takeover is possible),
-refreshed every two seconds in the browser, the slots of every scope
-(used/limit for the scopes given with --limit), corrupt rows flagged, and
-status.json, the document of status --json for one page of leases
-(?state=, ?run=, ?limit=, ?offset=).
+Serve serves the status page of a store over HTTP, refreshed every two
+seconds in the browser: every lease (run, holder, fence, state, when it
+expires and when takeover is possible, both relative to now), released
+leases hidden unless asked for (a link, ?released=1, or a state filter);
+the slots of every scope (used/limit for the scopes given with --limit);
+corrupt rows flagged; and every scope's queue: who waits for slots, first
+first, with principal, priority, units, how long it has waited, and why it
+waits (capacity: the units in use leave too few; order: units are free
+but waiters ranked ahead reserve them), with a link to an explanation of
+one run (?explain=RUN: used/limit, its place, the units reserved ahead,
+who is ahead and who holds the slots), as explain prints it. A reason
+needs the scope's --limit, the limit its drivers claim with.
+
+status.json is exactly the document status --json prints, built by the
+same code, for the same filters: ?state= (as --state; released leases are
+shown unless it leaves them out), ?run= (as --run), ?limit=N (as --max N,
+1 to 1000; every matching lease without it) and ?offset=.
 
 It listens on 127.0.0.1:8080 unless told otherwise, and only on a loopback
 address unless --listen-any is given: the page shows every run and holder

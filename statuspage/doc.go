@@ -1,10 +1,11 @@
 // Package statuspage provides the operator's status page for a runlease
 // store: an [http.Handler] that an application mounts on its admin server,
 // showing every lease (run, holder, fence, state, when it expires and when
-// takeover is possible), the slots of every scope against the limits the
-// operator gives, and corrupt rows, refreshed live; and GET status.json, the
-// document runlease status --json prints ([Document]), for one page of
-// leases ([Page]).
+// takeover is possible; released leases on request), the slots of every
+// scope against the limits the operator gives, every scope's queue with
+// why each run waits and an explanation of one run, and corrupt rows,
+// refreshed live; and GET status.json, exactly the document runlease status
+// --json prints ([Document], built by [NewStatus] for both).
 //
 // The handler is read-only unless it is built with [AllowForceRelease]:
 // then, and only then, a lease can be force-released from its confirmation
@@ -24,7 +25,9 @@
 // # Cost
 //
 // A read of the store is a scan of the lease rows with the requested run
-// id prefix, and one of the slot rows. Filters and pages are applied on the
+// id prefix, one of the slot rows and one of the queues, and, for the
+// page's why column, one [runlease.ExplainSlots] per waiting run (at most
+// [MaxExplained] runs; each reads the scopes it waits in). Filters and pages are applied on the
 // server, so the browser gets at most one page (100 leases by default), but
 // the scan is the store's. One read answers every request for the same
 // prefix for a second ([WithMaxAge]), and requests that arrive during a

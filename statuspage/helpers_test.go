@@ -153,16 +153,30 @@ func (f *fixture) post(t *testing.T, path string, form url.Values, header map[st
 	return resp.StatusCode, string(b)
 }
 
-// page fetches status.json with query and decodes it.
+// page fetches page.json, what the page's script reads, with query and
+// decodes it.
 func (f *fixture) page(t *testing.T, query string) statuspage.Page {
 	t.Helper()
-	code, body := f.get(t, "/status.json"+query)
+	code, body := f.get(t, "/page.json"+query)
 	require.Equal(t, http.StatusOK, code, body)
 	var p statuspage.Page
 	dec := json.NewDecoder(strings.NewReader(body))
 	dec.DisallowUnknownFields()
 	require.NoError(t, dec.Decode(&p), body)
 	return p
+}
+
+// status fetches status.json with query and decodes it: nothing but the
+// status document.
+func (f *fixture) status(t *testing.T, query string) statuspage.Document {
+	t.Helper()
+	code, body := f.get(t, "/status.json"+query)
+	require.Equal(t, http.StatusOK, code, body)
+	var d statuspage.Document
+	dec := json.NewDecoder(strings.NewReader(body))
+	dec.DisallowUnknownFields()
+	require.NoError(t, dec.Decode(&d), body)
+	return d
 }
 
 // peek reads runID's lease, failing the test on error.

@@ -17,14 +17,18 @@ import (
 var pageHTML string
 
 var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
-	"expires":  expiresText,
-	"takeover": takeoverText,
-	"used":     usedText,
-	"holders":  holdersText,
-	"at":       timestamp,
-	"release":  releaseURL,
-	"add":      func(a, b int) int { return a + b },
-	"states":   func() []string { return []string{StateLive, StateExpired, StateReleased, StateCorrupt} },
+	"expires":     expiresText,
+	"takeover":    takeoverText,
+	"used":        usedText,
+	"holders":     holdersText,
+	"at":          timestamp,
+	"release":     releaseURL,
+	"waited":      waitedText,
+	"why":         whyCell,
+	"ahead":       aheadText,
+	"slotHolders": func(slots []Slot) string { return holdersText(Scope{Slots: slots}) },
+	"add":         func(a, b int) int { return a + b },
+	"states":      func() []string { return []string{StateLive, StateExpired, StateReleased, StateCorrupt} },
 }).Parse(pageHTML))
 
 // view is what the page template shows.
@@ -37,17 +41,24 @@ type view struct {
 	Prev, Next string // links to the neighbouring pages; "" at either end
 	First      int    // the 1-based position of the first lease shown
 	Corrupt    int    // corrupt lease and slot rows
+	// ReleasedLink shows or hides released leases, when no state filter
+	// is given ("" otherwise); Hidden counts the released leases hidden.
+	ReleasedLink string
+	Hidden       int
+	Queued       int    // waiters in every queue
+	Explaining   string // the link that closes the explanation
+	Linked       query  // the request's query, for the explain links
 }
 
 // load reads the page that r's query asks for. When the query is bad or
 // the store fails, it answers r with the error and returns false.
-func (h *handler) load(w http.ResponseWriter, r *http.Request) (query, *Page, bool) {
-	q, err := parseQuery(r.URL.Query())
+func (h *handler) load(w http.ResponseWriter, r *http.Request, page bool) (query, *Page, bool) {
+	q, err := parseQuery(r.URL.Query(), page)
 	if err != nil {
 		http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
 		return query{}, nil, false
 	}
-	p, err := h.read(r.Context(), q)
+	p, err := h.read(r.Context(), q, page)
 	if err != nil {
 		http.Error(w, "reading the store: "+err.Error(), http.StatusServiceUnavailable)
 		return query{}, nil, false
@@ -56,12 +67,28 @@ func (h *handler) load(w http.ResponseWriter, r *http.Request) (query, *Page, bo
 }
 
 func (h *handler) page(w http.ResponseWriter, r *http.Request) {
-	q, p, ok := h.load(w, r)
+	q, p, ok := h.load(w, r, true)
 	if !ok {
 		return
 	}
 	v := view{Page: p, Query: q.values().Encode(), States: q.states, Run: q.prefix, Limit: q.limit,
-		First: q.offset + 1, Corrupt: p.Counts[StateCorrupt] + p.CorruptSlots}
+		First: q.offset + 1, Corrupt: p.Counts[StateCorrupt] + p.CorruptSlots, Linked: q}
+	if len(q.states) == 0 {
+		toggle := q
+		toggle.released, toggle.offset = !q.released, 0
+		v.ReleasedLink = "?" + toggle.values().Encode()
+		if !q.released {
+			v.Hidden = p.Counts[StateReleased]
+		}
+	}
+	for _, sc := range p.Scopes {
+		v.Queued += len(sc.Queue)
+	}
+	if q.explain != "" {
+		closed := q
+		closed.explain = ""
+		v.Explaining = "?" + closed.values().Encode()
+	}
 	if q.offset > 0 {
 		prev := q
 		prev.offset = max(0, q.offset-q.limit)
@@ -75,15 +102,30 @@ func (h *handler) page(w http.ResponseWriter, r *http.Request) {
 	render(w, http.StatusOK, pageTmpl, v)
 }
 
+// json serves status.json: the Document alone, which runlease status
+// --json prints for the same filters.
 func (h *handler) json(w http.ResponseWriter, r *http.Request) {
-	_, p, ok := h.load(w, r)
+	_, p, ok := h.load(w, r, false)
 	if !ok {
 		return
 	}
+	writeJSON(w, p.Document)
+}
+
+// pageJSON serves page.json, what the page's script refreshes it from.
+func (h *handler) pageJSON(w http.ResponseWriter, r *http.Request) {
+	_, p, ok := h.load(w, r, true)
+	if !ok {
+		return
+	}
+	writeJSON(w, p)
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
-	_ = enc.Encode(p) // a failed write is the client's gone; nothing to tell it
+	_ = enc.Encode(v) // a failed write is the client's gone; nothing to tell it
 }
 
 // render executes t into a buffer first, so that a failed template is a
@@ -118,14 +160,13 @@ func expiresText(l Lease) string {
 	return "-"
 }
 
-// takeoverText says when another driver may take the run over.
+// takeoverText says when another driver may take the run over: for a
+// live lease, when it expires, relative to now (the page shows the instant
+// on hover).
 func takeoverText(l Lease) string {
 	switch l.State {
 	case StateLive:
-		if l.Until == nil {
-			return "at until_ms " + strconv.FormatInt(*l.UntilMS, 10)
-		}
-		return "at " + timestamp(*l.Until)
+		return "in " + spanText(*l.ExpiresInMS)
 	case StateCorrupt:
 		return "never: inspect the row"
 	}
@@ -185,6 +226,33 @@ func holdersText(sc Scope) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// waitedText says how long a waiter has waited, judged at now.
+func waitedText(q Waiter, now time.Time) string {
+	return spanText(now.UnixMilli()-q.EnqueuedMS) + " ago"
+}
+
+// ExplainURL is the page, as v shows it, with runID explained.
+func (v view) ExplainURL(runID string) string {
+	q := v.Linked
+	q.explain = runID
+	return "?" + q.values().Encode() + "#explain"
+}
+
+// aheadText lists the waiters ahead of a run.
+func aheadText(ahead []Waiter) string {
+	parts := make([]string, 0, len(ahead))
+	for _, w := range ahead {
+		parts = append(parts, w.RunID+" ("+plural(w.Units, "unit")+")")
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// whyCell is the why column of a waiter of scope.
+func whyCell(p *Page, scope, runID string) Why { return p.Why[scope][runID] }
 
 // releaseURL is the confirmation page of runID's release.
 func releaseURL(runID string) string { return "release?run=" + url.QueryEscape(runID) }

@@ -23,9 +23,9 @@ func TestPage(t *testing.T) {
 			t.Run("the_page_shows_every_lease_its_state_and_when_takeover_is_possible", func(t *testing.T) {
 				t.Parallel()
 				f := newFixture(t, st.open(t))
-				code, body := f.get(t, "/")
+				code, body := f.get(t, "/?released=1")
 				require.Equal(t, http.StatusOK, code, body)
-				assert.Contains(t, body, `<td>live-run</td><td>alice#node-1</td><td>1</td><td>live</td><td>in 1m</td><td>at 2026-12-03T03:01:00Z</td>`)
+				assert.Contains(t, body, `<td>live-run</td><td>alice#node-1</td><td>1</td><td>live</td><td>in 1m</td><td title="at 2026-12-03T03:01:00Z">in 1m</td>`)
 				assert.Contains(t, body, `<td>expired-run</td><td>bob#node-2</td><td>1</td><td>expired</td><td>1h59m ago</td><td>possible now</td>`)
 				assert.Contains(t, body, `<td>released-run</td><td>-</td><td>2</td><td>released</td><td>released 3h ago</td><td>possible now</td>`)
 				assert.Contains(t, body, "leases 1–4 of 4")
@@ -53,7 +53,7 @@ func TestPage(t *testing.T) {
 			t.Run("status_json_has_the_fields_of_status_json", func(t *testing.T) {
 				t.Parallel()
 				f := newFixture(t, st.open(t))
-				p := f.page(t, "")
+				p := f.page(t, "?released=1")
 				assert.Equal(t, base, p.Now)
 				require.Len(t, p.Leases, 4)
 				assert.Equal(t, []string{runCorrupt, runExpired, runLive, runReleased},
@@ -69,18 +69,16 @@ func TestPage(t *testing.T) {
 				assert.Equal(t, 0, p.Omitted)
 				assert.False(t, p.ForceRelease)
 
-				// The stable field names, exactly: a script written against
-				// status --json reads this endpoint unchanged.
+				// The stable field names, exactly and nothing else: a script
+				// written against status --json reads this endpoint unchanged.
 				_, body := f.get(t, "/status.json")
-				var raw map[string]json.RawMessage
+				var raw map[string]any
 				require.NoError(t, json.Unmarshal([]byte(body), &raw))
-				for _, k := range []string{"store", "table", "now", "leases", "omitted", "scopes"} {
-					assert.Contains(t, raw, k)
-				}
-				var leases []map[string]any
-				require.NoError(t, json.Unmarshal(raw["leases"], &leases))
+				assert.Equal(t, []string{"leases", "now", "omitted", "scopes", "store", "table"}, keys(raw))
+				assert.Equal(t, p.Document, f.status(t, ""), "status.json is the page's document, released leases shown")
+				lease := raw["leases"].([]any)[0].(map[string]any)
 				assert.ElementsMatch(t, []string{"run_id", "state", "holder", "fence", "until", "until_ms",
-					"expires_in_ms", "takeover_possible", "takeover_at", "row"}, keys(leases[0]))
+					"expires_in_ms", "takeover_possible", "takeover_at", "row"}, keys(lease))
 			})
 			t.Run("the_clock_turns_a_live_lease_expired", func(t *testing.T) {
 				t.Parallel()
@@ -119,14 +117,15 @@ func TestFilters(t *testing.T) {
 		matched     int
 		omitted     int
 	}{
-		{"every_lease_without_filters", "", []string{runCorrupt, runExpired, runLive, runReleased}, 4, 0},
+		{"every_lease_but_released_without_filters", "", []string{runCorrupt, runExpired, runLive}, 3, 0},
+		{"released_shows_released_leases_too", "?released=1", []string{runCorrupt, runExpired, runLive, runReleased}, 4, 0},
 		{"state_keeps_the_states_given", "?state=live,corrupt", []string{runCorrupt, runLive}, 2, 0},
 		{"state_may_repeat", "?state=live&state=released", []string{runLive, runReleased}, 2, 0},
 		{"run_keeps_a_prefix", "?run=l", []string{runLive}, 1, 0},
 		{"run_and_state_together", "?run=e&state=live", nil, 0, 0},
-		{"limit_pages_and_counts_the_rest", "?limit=1", []string{runCorrupt}, 4, 3},
-		{"offset_moves_the_page", "?limit=2&offset=1", []string{runExpired, runLive}, 4, 1},
-		{"offset_beyond_the_end_is_empty", "?offset=10", nil, 4, 0},
+		{"limit_pages_and_counts_the_rest", "?limit=1&released=1", []string{runCorrupt}, 4, 3},
+		{"offset_moves_the_page", "?limit=2&offset=1&released=1", []string{runExpired, runLive}, 4, 1},
+		{"offset_beyond_the_end_is_empty", "?offset=10", nil, 3, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -145,18 +144,46 @@ func TestFilters(t *testing.T) {
 	})
 	t.Run("the_page_links_the_next_and_previous_pages", func(t *testing.T) {
 		t.Parallel()
-		_, body := f.get(t, "/?limit=1&offset=1")
-		assert.Contains(t, body, `href="?limit=1">← previous</a>`)
-		assert.Contains(t, body, `href="?limit=1&amp;offset=2">next →</a>`)
+		_, body := f.get(t, "/?limit=1&offset=1&released=1")
+		assert.Contains(t, body, `href="?limit=1&amp;released=1">← previous</a>`)
+		assert.Contains(t, body, `href="?limit=1&amp;offset=2&amp;released=1">next →</a>`)
 		assert.Contains(t, body, "leases 2–2 of 4")
 	})
-	for _, q := range []string{"?state=held", "?limit=0", "?limit=1001", "?limit=x", "?offset=-1"} {
+	t.Run("status_json_shows_released_leases_as_status_json_does", func(t *testing.T) {
+		t.Parallel()
+		d := f.status(t, "")
+		assert.Equal(t, []string{runCorrupt, runExpired, runLive, runReleased}, ids(statuspage.Page{Document: d}))
+		d = f.status(t, "?state=live,expired&limit=1")
+		assert.Equal(t, []string{runExpired}, ids(statuspage.Page{Document: d}))
+		assert.Equal(t, 1, d.Omitted)
+	})
+	t.Run("the_page_hides_released_leases_and_links_them", func(t *testing.T) {
+		t.Parallel()
+		_, body := f.get(t, "/")
+		assert.NotContains(t, body, `data-run="released-run"`)
+		assert.Contains(t, body, `<a id="released-toggle" href="?released=1">show released leases (<span id="released-hidden">1</span>)</a>`)
+		assert.Contains(t, body, "(1 released hidden)")
+		_, body = f.get(t, "/?released=1")
+		assert.Contains(t, body, `data-run="released-run"`)
+		assert.Contains(t, body, `<a id="released-toggle" href="?">hide released leases</a>`)
+		_, body = f.get(t, "/?state=released")
+		assert.Contains(t, body, `data-run="released-run"`, "a state filter shows what it names")
+		assert.NotContains(t, body, "released-toggle")
+	})
+	for _, q := range []string{"?state=held", "?limit=0", "?limit=1001", "?limit=x", "?offset=-1", "?released=yes"} {
 		t.Run("a_bad_query_is_refused_"+q, func(t *testing.T) {
 			t.Parallel()
-			for _, path := range []string{"/", "/status.json"} {
+			for _, path := range []string{"/", "/page.json", "/status.json"} {
 				code, body := f.get(t, path+q)
 				assert.Equal(t, http.StatusBadRequest, code, body)
 			}
+		})
+	}
+	for _, q := range []string{"?released=1", "?explain=live-run"} {
+		t.Run("status_json_refuses_the_pages_own_settings_"+q, func(t *testing.T) {
+			t.Parallel()
+			code, body := f.get(t, "/status.json"+q)
+			assert.Equal(t, http.StatusBadRequest, code, body)
 		})
 	}
 }
@@ -184,7 +211,7 @@ func TestNotFoundAndAssets(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, code)
 	code, body := f.get(t, "/assets/page.js")
 	assert.Equal(t, http.StatusOK, code)
-	assert.Contains(t, body, "status.json")
+	assert.Contains(t, body, "page.json")
 	resp, err := f.srv.Client().Get(f.srv.URL + "/")
 	require.NoError(t, err)
 	resp.Body.Close()

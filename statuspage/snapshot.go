@@ -26,16 +26,16 @@ func WithMaxAge(d time.Duration) Option {
 	return func(o *options) { o.maxAge = d }
 }
 
-// snapshot is one read of the store: the leases with one run id prefix and
-// every slot, judged at now. Its fields are set before done is closed and
-// never changed after.
+// snapshot is one read of the store: the leases with one run id prefix,
+// every slot and every queue, judged at one instant, and the explanations
+// of the waiting runs. Its fields are set before done is closed and never
+// changed after.
 type snapshot struct {
-	done   chan struct{}
-	readAt time.Time // by this machine's monotonic clock
-	now    time.Time
-	leases []runlease.LeaseInfo
-	slots  []runlease.SlotInfo
-	err    error
+	done    chan struct{}
+	readAt  time.Time // by this machine's monotonic clock
+	reading *Reading
+	why     map[string]explanation // by run id: at most MaxExplained runs
+	err     error
 }
 
 // snapshots shares reads of the store between requests.
@@ -114,25 +114,9 @@ func fresh(s *snapshot, maxAge time.Duration) bool {
 // fill reads the store into s and closes s.done.
 func (h *handler) fill(ctx context.Context, s *snapshot, prefix string) {
 	defer close(s.done)
-	s.now = h.now()
-	at := runlease.WithClock(func() time.Time { return s.now })
-	// A run id prefix narrows the scan itself: the store reads only the
-	// rows from lease:PREFIX on, not all of them.
-	s.leases, s.err = runlease.Leases(ctx, prefixStore{h.store, prefix}, at)
+	s.reading, s.err = Read(ctx, h.store, prefix, h.now())
 	if s.err == nil {
-		s.slots, s.err = runlease.Occupancy(ctx, h.store, at)
+		s.why, s.err = explainAll(ctx, h.store, s.reading, h.o.limits)
 	}
 	s.readAt = time.Now()
-}
-
-// prefixStore is a Store whose scans see only the lease rows of run ids
-// starting with run: Leases scans LeasePrefix, and reads run ids from the
-// keys it gets back, which keep their full names.
-type prefixStore struct {
-	runlease.Store
-	run string
-}
-
-func (s prefixStore) MetaScan(ctx context.Context, prefix string) ([]runlease.Row, error) {
-	return s.Store.MetaScan(ctx, prefix+s.run)
 }

@@ -146,7 +146,7 @@ func TestSnapshots(t *testing.T) {
 		assert.Equal(t, statuspage.StateExpired, leaseOf(t, f.page(t, ""), runExpired).State)
 		code, body := f.post(t, "/release", f.confirmation(t, runExpired), nil)
 		require.Equal(t, http.StatusOK, code, body)
-		assert.Equal(t, statuspage.StateReleased, leaseOf(t, f.page(t, ""), runExpired).State)
+		assert.Equal(t, statuspage.StateReleased, leaseOf(t, f.page(t, "?released=1"), runExpired).State)
 	})
 	t.Run("negative_max_age_is_refused", func(t *testing.T) {
 		t.Parallel()

@@ -10,8 +10,9 @@ import (
 	"github.com/areev/runlease"
 )
 
-// DefaultPageSize is how many leases the page and status.json show when
-// the request gives no limit; MaxPageSize is the most a request may ask for.
+// DefaultPageSize is how many leases the page shows when the request gives
+// no limit (status.json then shows every matching lease, as runlease
+// status --json does); MaxPageSize is the most a request may ask for.
 const (
 	DefaultPageSize = 100
 	MaxPageSize     = 1000
@@ -92,11 +93,17 @@ var assets embed.FS
 // writes only when [AllowForceRelease] is given. It serves, relative to
 // where it is mounted (use [http.StripPrefix] to mount it below a path):
 //
-//   - GET / the page, refreshed every two seconds by a small script;
-//   - GET status.json the [Page] document, with the query parameters
-//     state (live, expired, released, corrupt; comma-separated or
-//     repeated), run (a run id prefix), limit (1 to [MaxPageSize], default
-//     [DefaultPageSize]) and offset, which the page takes too;
+//   - GET / the page, refreshed every two seconds by a small script
+//     from GET page.json ([Page]); it hides released leases unless asked
+//     (released=1, or a state filter that names them), shows every scope's
+//     queue with why each waiter waits ([runlease.ExplainSlots], for the
+//     scopes given [WithLimits]), and explains one run (explain=RUN);
+//   - GET status.json the [Document] that runlease status --json prints,
+//     built by [NewStatus] for both, with the query parameters state
+//     (live, expired, released, corrupt; comma-separated or repeated; every
+//     state without it), run (a run id prefix), limit (1 to [MaxPageSize]:
+//     status --max; every matching lease without it) and offset, which
+//     the page takes too (its limit defaulting to [DefaultPageSize]);
 //   - GET release?run=ID and POST release, the force-release flow, only
 //     with AllowForceRelease (403 Forbidden otherwise).
 //
@@ -117,6 +124,7 @@ func New(store runlease.Store, opts ...Option) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", h.page)
 	mux.HandleFunc("GET /status.json", h.json)
+	mux.HandleFunc("GET /page.json", h.pageJSON)
 	mux.Handle("GET /assets/", http.FileServerFS(assets))
 	mux.HandleFunc("GET /release", h.confirm)
 	mux.HandleFunc("POST /release", h.release)

@@ -1,4 +1,4 @@
-// Refreshes the status page from status.json every two seconds, with the
+// Refreshes the status page from page.json every two seconds, with the
 // page's own filters. It writes text only (textContent), never markup, so
 // that a run id or a corrupt row cannot inject anything. The words for
 // instants and spans repeat page.go's: change both together.
@@ -6,7 +6,7 @@
 (function () {
   const body = document.body;
   const query = body.dataset.query;
-  const url = "status.json" + (query ? "?" + query : "");
+  const url = "page.json" + (query ? "?" + query : "");
   const refresh = document.getElementById("refresh");
   let lastOK = null;
 
@@ -32,7 +32,7 @@
   }
   function takeover(l) {
     switch (l.state) {
-      case "live": return l.until === null ? "at until_ms " + l.until_ms : "at " + at(l.until);
+      case "live": return "in " + span(l.expires_in_ms);
       case "corrupt": return "never: inspect the row";
     }
     return "possible now";
@@ -55,8 +55,10 @@
       st.append(el("strong", "CORRUPT"));
       tr.append(td, st, el("td", "-"), el("td", takeover(l)));
     } else {
+      const tk = el("td", takeover(l));
+      if (l.state === "live" && l.takeover_at !== null) tk.title = "at " + at(l.takeover_at);
       tr.append(el("td", l.holder || "-"), el("td", String(l.fence)), el("td", l.state),
-        el("td", expires(l)), el("td", takeover(l)));
+        el("td", expires(l)), tk);
     }
     if (force) {
       const td = el("td");
@@ -76,6 +78,77 @@
       if (sc.used > sc.limit) s += " (over: the limit was lowered)";
     }
     return s;
+  }
+  function plural(n, what) { return n === 1 ? "1 " + what : n + " " + what + "s"; }
+  function aheadText(ahead) {
+    return ahead.length ? ahead.map(w => w.run_id + " (" + plural(w.units, "unit") + ")").join(", ") : "-";
+  }
+  // The instant the document was judged at, in ms: a waiter's until_ms
+  // less its expires_in_ms.
+  function nowMS(q) { return q.until_ms - q.expires_in_ms; }
+  function explainURL(run) {
+    const v = new URLSearchParams(query);
+    v.set("explain", run);
+    return "?" + v.toString() + "#explain";
+  }
+  function queueTable(sc, why) {
+    const frag = document.createDocumentFragment();
+    const h = el("h3", sc.scope + " ");
+    h.append(el("span", sc.queue.length + " waiting, " + used(sc) + " used", "note"));
+    const table = el("table", undefined, "queue");
+    table.dataset.queue = sc.scope;
+    const head = el("tr");
+    for (const c of ["#", "run", "principal", "priority", "units", "waiting since", "why", ""]) head.append(el("th", c));
+    const thead = el("thead");
+    thead.append(head);
+    const tbody = el("tbody");
+    for (const q of sc.queue) {
+      const w = (why[sc.scope] || {})[q.run_id] || { blocked_by: "unknown", text: "unknown" };
+      const tr = el("tr", undefined, "why-" + w.blocked_by);
+      tr.dataset.waiter = q.run_id;
+      const since = el("td", span(nowMS(q) - q.enqueued_ms) + " ago");
+      if (q.enqueued !== null) since.title = at(q.enqueued);
+      const link = el("td");
+      const a = el("a", "explain");
+      a.href = explainURL(q.run_id);
+      link.append(a);
+      tr.append(el("td", String(q.position + 1)), el("td", q.run_id), el("td", q.principal || "-"),
+        el("td", String(q.priority)), el("td", String(q.units)), since, el("td", w.text), link);
+      tbody.append(tr);
+    }
+    table.append(thead, tbody);
+    frag.append(h, table);
+    return frag;
+  }
+  function renderQueues(p) {
+    const parts = [];
+    let n = 0;
+    for (const sc of p.scopes) {
+      if (sc.queue.length === 0) continue;
+      n += sc.queue.length;
+      parts.push(queueTable(sc, p.why || {}));
+    }
+    const none = el("p", "nobody waits", "empty");
+    none.id = "no-queues";
+    none.hidden = n > 0;
+    document.getElementById("queues").replaceChildren(...parts, none);
+  }
+  function renderExplain(x) {
+    const panel = document.getElementById("explain");
+    panel.hidden = x === null;
+    if (x === null) return;
+    document.getElementById("explain-run").textContent = x.run_id;
+    document.getElementById("explain-summary").textContent = x.summary;
+    const rows = x.scopes.map(se => {
+      const tr = el("tr");
+      tr.dataset.scope = se.scope;
+      tr.append(el("td", se.scope), el("td", se.used + "/" + se.limit), el("td", String(se.units)),
+        el("td", se.queued ? (se.position + 1) + " of " + se.queue_length : "not queued"),
+        el("td", String(se.reserved)), el("td", se.why.text), el("td", aheadText(se.ahead)),
+        el("td", holders({ slots: se.holders })));
+      return tr;
+    });
+    document.querySelector("#explain-scopes tbody").replaceChildren(...rows);
   }
   function holders(sc) {
     const parts = sc.slots.map(s => s.corrupt ? "CORRUPT row " + JSON.stringify(s.key)
@@ -118,6 +191,12 @@
     document.getElementById("showing").textContent = p.leases.length
       ? "leases " + (p.offset + 1) + "–" + (p.offset + p.leases.length) + " of " + p.matched
       : "0 of " + p.matched;
+    const hidden = document.getElementById("released-hidden");
+    if (hidden) hidden.textContent = p.counts.released;
+    const note = document.getElementById("hidden-note");
+    if (note && hidden) note.textContent = p.counts.released ? "(" + p.counts.released + " released hidden)" : "";
+    renderQueues(p);
+    renderExplain(p.explain);
   }
   async function tick() {
     try {
