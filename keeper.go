@@ -73,7 +73,9 @@ func KeepMargin(d time.Duration) Option {
 //
 // s must belong to the lease's run, with a TTL no shorter than the lease's
 // (claim the slots with the same TTL), or Keep fails with
-// [ErrInvalidArgument].
+// [ErrInvalidArgument]. To keep slots admitted after the keeper started
+// (waited for under the kept lease), use [Keeper.ClaimSlotsWait] or the
+// method [Keeper.KeepSlots].
 func KeepSlots(s *Slots) Option {
 	return func(o *options) { o.slots, o.strictSlots, o.set = s, false, o.set|optSlots }
 }
@@ -104,19 +106,27 @@ func KeepSlotsStrict(s *Slots) Option {
 // It also ends, with [ErrKeeperStopped], when stopped. Transient store
 // faults are retried with backoff while the trust window lasts.
 //
+// A Keeper keeps at most one [Slots] beside its lease: given to Keep
+// ([KeepSlots], [KeepSlotsStrict]), or taken over later by a running
+// keeper ([Keeper.KeepSlots], [Keeper.KeepSlotsStrict], and
+// [Keeper.ClaimSlotsWait], which waits for admission while the keeper
+// keeps the lease).
+//
 // A Keeper holds no goroutine of its own: a [Renewer] serves many keepers
 // from one loop. Its methods are safe for concurrent use, and none of them
-// waits for the store.
+// waits for the store but Release and ClaimSlotsWait.
 type Keeper struct {
 	r      *Renewer
 	lease  *Lease
-	ks     *keptSlots // the slots kept beside the lease; nil when none
 	o      keepOptions
 	parent context.Context // the context Keep was given: its values reach renewals
 
 	// Guarded by r.mu. The work context and the done channel are made on
 	// first use, so that a process keeping many leases pays for them only
-	// where they are asked for.
+	// where they are asked for. ks is set at most once, from nil, and
+	// never while or after the keeper ends: by Keep before the keeper is
+	// registered, or by keepSlots.
+	ks        *keptSlots      // the slots kept beside the lease; nil when none
 	ctx       context.Context // the work context; nil until Context is called
 	cancel    context.CancelCauseFunc
 	done      chan struct{} // nil until Done is called, or the keeper ends
@@ -132,7 +142,8 @@ type Keeper struct {
 
 // keptSlots is what a Keeper keeps of the slots it renews beside its
 // lease: a record of its own, so that a keeper of a lease alone pays for a
-// pointer. Its job and wait are guarded by Renewer.mu.
+// pointer. Its slots and strict are fixed when it is made; its job and
+// wait are guarded by Renewer.mu.
 type keptSlots struct {
 	slots  *Slots
 	strict bool
@@ -263,14 +274,142 @@ func (k *Keeper) Lease() *Lease { return k.lease }
 
 // Slots returns the kept slots, or nil.
 func (k *Keeper) Slots() *Slots {
+	k.r.mu.Lock()
+	defer k.r.mu.Unlock()
 	if k.ks == nil {
 		return nil
 	}
 	return k.ks.slots
 }
 
-// strict reports whether k ends when a kept slot's trust runs out.
-func (k *Keeper) strict() bool { return k.ks != nil && k.ks.strict }
+// KeepSlots makes the running keeper renew s beside its lease, as the
+// option [KeepSlots] does for a keeper started with slots: a slot lost is
+// dropped from s and reported to Hooks.SlotsLost and the logger, and the
+// keeper runs on. It is how a driver keeps slots it waited for while the
+// keeper kept the lease ([Lease.ClaimSlotsWait] on the keeper's Context),
+// with no gap in the lease's renewals; [Keeper.ClaimSlotsWait] does both.
+//
+// The keeper looks at s at once: a slot due for renewal is renewed right
+// away, and none waits for the keeper's next renewal of the lease past its
+// trust window. From then on the keeper owns s: [Keeper.Release] releases
+// it with the lease, and Slots returns it.
+//
+// It fails, and the keeper does not take s (the caller still holds the
+// slots, and must keep, renew or release them), when:
+//   - s is nil, belongs to another run, or has a TTL shorter than the
+//     lease's: [ErrInvalidArgument], as for Keep;
+//   - the keeper keeps other slots already, or keeps s in the other mode:
+//     [ErrInvalidArgument]. A keeper keeps one Slots (claim every scope a
+//     run needs in one call); passing the Slots it keeps, in the mode it
+//     keeps them, does nothing and returns nil;
+//   - the keeper has ended (its lease lost, its trust window run out,
+//     stopped or released, or the context Keep was given ended): its Err.
+func (k *Keeper) KeepSlots(s *Slots) error { return k.keepSlots(s, false) }
+
+// KeepSlotsStrict is [Keeper.KeepSlots] for a hard limit, as the option
+// [KeepSlotsStrict] is: from the moment it returns nil, a slot of s lost,
+// not renewed within its trust window, or released through s ends the
+// keeper with a [*SlotLostError], and TrustedUntil is never later than the
+// slots' own. It fails as KeepSlots does, and also, taking nothing and
+// leaving the keeper running, with the [*SlotLostError] of s when the claim
+// is no longer whole: a slot of it was lost, ran out or was released
+// before the call.
+func (k *Keeper) KeepSlotsStrict(s *Slots) error { return k.keepSlots(s, true) }
+
+// keepSlots hands s to the running keeper, kept strictly or not.
+func (k *Keeper) keepSlots(s *Slots, strict bool) error {
+	if err := checkKeptSlots(s, k.lease, k.o.ttl); err != nil {
+		return err
+	}
+	// Err ends the keeper, with its reason, when Keep's context ended or
+	// its trust window ran out and nothing has ended it yet.
+	if err := k.Err(); err != nil {
+		return err
+	}
+	r := k.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case k.err != nil: // ended since
+		return k.err
+	case k.ks != nil && k.ks.slots == s && k.ks.strict == strict:
+		return nil
+	case k.ks != nil && k.ks.slots == s:
+		return invalidArg("slots", "the keeper keeps these slots already, strict=%v", k.ks.strict)
+	case k.ks != nil:
+		return invalidArg("slots", "the keeper keeps other slots already: claim every scope in one call")
+	}
+	if strict {
+		// Checked and registered in one hold of s's lock: a slot given
+		// up by s from then on ends the keeper (Slots.endStrict), and
+		// one given up before refuses.
+		if broken := s.keepStrict(k, time.Now()); broken != nil {
+			return broken
+		}
+	}
+	k.ks = &keptSlots{slots: s, strict: strict}
+	r.rescheduleLocked(k) // look at once: the slots may be due already
+	return nil
+}
+
+// errKeeperEnded is the cause a wait of ClaimSlotsWait is cut short with
+// when its keeper ends.
+var errKeeperEnded = errors.New("keeper ended")
+
+// ClaimSlotsWait waits for slots as [Lease.ClaimSlotsWait] does for the
+// kept lease, while the keeper keeps the lease however long the wait
+// takes, and hands the slots admitted to the keeper (as
+// [Keeper.KeepSlots] does) before it returns them: the keeper renews them
+// from then on, and Release releases them.
+//
+// The wait ends when ctx ends, returning its error, or when the keeper
+// ends (lease lost, trust window run out, stopped, or the context Keep was
+// given ended), returning the keeper's Err; either way it first takes its
+// place out of the queues. The run is not admitted under a lease the
+// keeper lost: on a store that implements [Batcher] the admission is
+// fenced by the lease, so a driver whose lease was taken over is admitted
+// nowhere, and slots admitted as the keeper ends are released before
+// ClaimSlotsWait returns the keeper's Err. It fails at once with the
+// keeper's Err when the keeper has ended, and with [ErrInvalidArgument]
+// when it keeps slots already.
+//
+// It takes the options of Lease.ClaimSlotsWait. The slots are kept as
+// Keeper.KeepSlots keeps them; for a hard limit, wait with
+// Lease.ClaimSlotsWait on the keeper's Context, then hand the slots over
+// with [Keeper.KeepSlotsStrict], releasing them if it fails.
+func (k *Keeper) ClaimSlotsWait(ctx context.Context, scopes []Scope, opts ...Option) (*Slots, error) {
+	if err := k.Err(); err != nil {
+		return nil, err
+	}
+	k.r.mu.Lock()
+	busy := k.ks != nil
+	k.r.mu.Unlock()
+	if busy {
+		return nil, invalidArg("slots", "the keeper keeps slots already: claim every scope in one call")
+	}
+	wait, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(k.Context(), func() { cancel(errKeeperEnded) })
+	defer stop()
+	s, err := k.lease.ClaimSlotsWait(wait, scopes, opts...)
+	if err != nil {
+		if kerr := k.Err(); kerr != nil && context.Cause(wait) == errKeeperEnded {
+			return nil, kerr
+		}
+		return nil, err
+	}
+	if err := k.KeepSlots(s); err != nil {
+		// Admitted as the keeper ended (or another call handed it
+		// slots meanwhile): the slots are nobody's, so they go back now.
+		cleanup, cancel := cleanupContext(ctx, leaveTimeout)
+		defer cancel()
+		if rerr := s.Release(cleanup); rerr != nil {
+			return nil, errors.Join(err, rerr)
+		}
+		return nil, err
+	}
+	return s, nil
+}
 
 // slotJob returns the slot renewal in flight, if any. r.mu is held.
 func (k *Keeper) slotJob() *job {
@@ -290,7 +429,7 @@ func (k *Keeper) slotJob() *job {
 // when either runs out.
 func (k *Keeper) TrustedUntil() time.Time {
 	k.r.mu.Lock()
-	ended, endedAt := k.err != nil, k.endedAt
+	ended, endedAt, ks := k.err != nil, k.endedAt, k.ks
 	k.r.mu.Unlock()
 	now := time.Now()
 	st := k.lease.state()
@@ -305,8 +444,8 @@ func (k *Keeper) TrustedUntil() time.Time {
 		// trust is left.
 		end = earliest(end, now)
 	}
-	if k.strict() {
-		if slots := k.ks.slots.TrustedUntil(); !slots.IsZero() {
+	if ks != nil && ks.strict {
+		if slots := ks.slots.TrustedUntil(); !slots.IsZero() {
 			end = earliest(end, slots)
 		}
 	}
@@ -373,8 +512,10 @@ func (k *Keeper) Release(ctx context.Context) error {
 		lost = k.lease.lostToOthers()
 	}
 	var errs []error
-	if k.ks != nil {
-		errs = append(errs, k.ks.slots.Release(ctx))
+	// Read after Stop: the keeper has ended, so it takes no slots from
+	// now on, and these are all it took.
+	if s := k.Slots(); s != nil {
+		errs = append(errs, s.Release(ctx))
 	}
 	err := k.lease.Release(ctx)
 	if err == nil && lost != nil {
@@ -435,17 +576,26 @@ func (o *options) validateKeep(lease *Lease) error {
 			o.interval, MinKeepInterval, hi, o.ttl, o.margin)
 	}
 	if o.set&optSlots != 0 {
-		switch s := o.slots; {
-		case s == nil:
-			return invalidArg("slots", "nil")
-		case s.runID != lease.RunID():
-			return invalidArg("slots", "slots of run %q cannot be kept with the lease of run %q", s.runID, lease.RunID())
-		case s.o.ttl < o.ttl:
-			return invalidArg("slots", "slot TTL %v is shorter than the lease's %v: claim them with the lease's TTL", s.o.ttl, o.ttl)
+		if err := checkKeptSlots(o.slots, lease, o.ttl); err != nil {
+			return err
 		}
 	}
 	if o.logger == nil {
 		o.logger = discard
+	}
+	return nil
+}
+
+// checkKeptSlots checks that s may be kept beside lease, whose TTL is ttl:
+// the same run's, with a TTL no shorter.
+func checkKeptSlots(s *Slots, lease *Lease, ttl time.Duration) error {
+	switch {
+	case s == nil:
+		return invalidArg("slots", "nil")
+	case s.runID != lease.RunID():
+		return invalidArg("slots", "slots of run %q cannot be kept with the lease of run %q", s.runID, lease.RunID())
+	case s.o.ttl < ttl:
+		return invalidArg("slots", "slot TTL %v is shorter than the lease's %v: claim them with the lease's TTL", s.o.ttl, ttl)
 	}
 	return nil
 }

@@ -91,14 +91,15 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 	}
 	k := &Keeper{r: r, lease: lease, parent: ctx, index: -1,
 		o: keepOptions{ttl: o.ttl, interval: o.interval, margin: o.margin, hooks: o.hooks, logger: o.logger}}
+	strict := o.slots != nil && o.strictSlots
 	if o.slots != nil {
-		k.ks = &keptSlots{slots: o.slots, strict: o.strictSlots}
+		k.ks = &keptSlots{slots: o.slots, strict: strict}
 	}
 	if err := lease.addKeeper(k); err != nil {
 		return nil, err
 	}
-	if k.strict() {
-		k.ks.slots.addStrict(k)
+	if strict {
+		o.slots.addStrict(k)
 	}
 	unwatch := func() bool { return false }
 	if ctx.Done() != nil { // a context that can end: stop with it
@@ -114,8 +115,8 @@ func (r *Renewer) Keep(ctx context.Context, lease *Lease, opts ...Option) (*Keep
 	report, end := func() {}, func() {
 		unwatch()
 		lease.removeKeeper(k)
-		if k.strict() {
-			k.ks.slots.removeStrict(k)
+		if strict {
+			o.slots.removeStrict(k)
 		}
 	}
 	if k.err == nil { // not lost, nor ctx ended, already
@@ -492,13 +493,16 @@ func (r *Renewer) endLockedOn(k *Keeper, err error) func(host *Renewer) {
 		close(k.done)
 	}
 	unwatch := k.unwatch
+	// The slots it keeps now are all it ever keeps: an ended keeper takes
+	// none (keepSlots).
+	ks := k.ks
 	return func(host *Renewer) {
 		if unwatch != nil {
 			unwatch()
 		}
 		k.lease.removeKeeper(k)
-		if k.strict() {
-			k.ks.slots.removeStrict(k)
+		if ks != nil && ks.strict {
+			ks.slots.removeStrict(k)
 		}
 		if !errors.Is(err, ErrLeaseLost) {
 			return

@@ -79,8 +79,10 @@ func (r *Renewer) startLeaseLocked(k *Keeper, now time.Time, slots bool) {
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(k.parent), deadline)
 	j := &job{cancel: cancel, done: make(chan struct{}), timeLeft: deadline.Sub(now)}
 	k.leaseJob = j
+	var ks *keptSlots // read here, under r.mu, for the job's goroutine
 	if slots {
-		k.ks.job = j
+		ks = k.ks
+		ks.job = j
 	}
 	r.jobs.Add(1)
 	go func() {
@@ -93,7 +95,7 @@ func (r *Renewer) startLeaseLocked(k *Keeper, now time.Time, slots bool) {
 		if err == nil {
 			err = k.lease.renewUnlessRenewed(ctx, st.trustFrom, r)
 			if slots && err == nil {
-				slotErr = k.ks.slots.renewKept(ctx)
+				slotErr = ks.slots.renewKept(ctx)
 			}
 			<-r.sem
 		}
@@ -329,10 +331,11 @@ func (r *Renewer) settleLocked(k *Keeper, j *job, err error, reports []func()) [
 
 // startSlotsLocked starts renewing k's slots. r.mu is held.
 func (r *Renewer) startSlotsLocked(k *Keeper, now time.Time) {
-	_, trustEnd, _ := k.ks.slots.keptState(now)
+	ks := k.ks // read here, under r.mu, for the job's goroutine
+	_, trustEnd, _ := ks.slots.keptState(now)
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(k.parent), trustEnd)
 	j := &job{cancel: cancel, done: make(chan struct{})}
-	k.ks.job = j
+	ks.job = j
 	r.jobs.Add(1)
 	go func() {
 		defer r.jobs.Done()
@@ -340,7 +343,7 @@ func (r *Renewer) startSlotsLocked(k *Keeper, now time.Time) {
 		defer cancel()
 		err := r.takeSem(ctx)
 		if err == nil {
-			err = k.ks.slots.renewKept(ctx)
+			err = ks.slots.renewKept(ctx)
 			<-r.sem
 		}
 		r.finishSlots(k, j, err)

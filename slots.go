@@ -278,6 +278,22 @@ func (s *Slots) addStrict(k *Keeper) {
 	s.strict = append(s.strict, k)
 }
 
+// keepStrict registers k, as addStrict does, for a keeper that takes s
+// over while it runs: unless the claim is no longer whole as of now (a slot
+// lost, run out or released), when it registers nothing and returns why.
+// Called under k's Renewer.mu (Renewer.mu → Slots.mu), so the check and
+// the registration are one step for every call of s that gives a slot up.
+func (s *Slots) keepStrict(k *Keeper, now time.Time) *SlotLostError {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expireLocked(now)
+	if s.broken != nil {
+		return s.broken
+	}
+	s.strict = append(s.strict, k)
+	return nil
+}
+
 // removeStrict forgets k.
 func (s *Slots) removeStrict(k *Keeper) {
 	s.mu.Lock()
