@@ -1,34 +1,3 @@
-// Package runlease provides run leases and concurrency slots, so that two
-// run drivers never advance the same run and no more than a set number of
-// runs execute at once, across the processes and machines that share a
-// [Store].
-//
-// A lease is one row, runlease:<run id>, holding {holder, fence, until_ms}.
-// Every write is a compare-and-swap against the exact row last read, so a
-// driver that stalls past its TTL and is replaced cannot renew, release or
-// write through a fence again: its next call fails with [ErrLeaseLost]
-// (RUN-E021), and that is the moment it must stop. The fence grows at every
-// acquisition and never goes backwards for a run id, so systems outside
-// the store can refuse writes from an older holder.
-//
-// Expiry is judged by one clock: the store's own when it has one (see
-// [Clock]: the Postgres store serves the server's time), else the one given
-// with [WithClock], else the local wall clock. A lease is held until its
-// until_ms; a row whose until_ms has passed may be taken over by anyone. A
-// holder that keeps its lease with a [Keeper] stops trusting it a margin
-// before that, by its own monotonic clock and by the store's clock.
-//
-//	store, err := runlease.OpenSQLite("runs.db")
-//	if err != nil { … }
-//	defer store.Close()
-//	lease, err := runlease.Acquire(ctx, store, "run-42", runlease.HolderFor("billing", ""),
-//		runlease.WithTTL(30*time.Second))
-//	if errors.Is(err, runlease.ErrLeaseLost) { … another driver has the run … }
-//	for step := range steps {
-//		if err := lease.Renew(ctx); err != nil { return err } // stop: taken over
-//		run(step, lease.Fence())
-//	}
-//	err = lease.Release(ctx)
 package runlease
 
 import (
