@@ -70,8 +70,11 @@
 // lease only until the start of its last successful renewal plus the TTL
 // less a margin: [Keeper.Context] is cancelled, with the reason as its cause,
 // and [Keeper.Err] reports it, before any contender can be granted the
-// lease. A [Renewer] keeps many leases, renewing those due together in one
-// store call.
+// lease. A run that waits for slots longer than the TTL waits through its
+// keeper: [Keeper.ClaimSlotsWait] keeps the lease while the run waits and
+// hands the slots admitted to the keeper ([Keeper.KeepSlots] and
+// [Keeper.KeepSlotsStrict] hand over slots claimed otherwise). A [Renewer]
+// keeps many leases, renewing those due together in one store call.
 //
 //	keeper, err := runlease.Keep(ctx, lease, runlease.KeepSlots(slots))
 //	if err != nil { … }
