@@ -124,6 +124,59 @@ func seed(t *testing.T, s runlease.Store, now time.Time) {
 	must(err)
 }
 
+// seedQueues queues runs by clock c as drivers in ClaimSlotsWait do: gpu
+// (limit 2) is held whole, batch (limit 3) has one unit of three free.
+// Five runs wait in gpu (q-3 in batch too), and q-6 and q-7 in batch
+// only; the holders and entries live for an hour of c, and the waiters
+// look again only when woken, so the queues stay as they are until the
+// test ends, when the waiters give up.
+func seedQueues(t *testing.T, s runlease.Store, c *clock) {
+	t.Helper()
+	opts := []runlease.Option{runlease.WithTTL(time.Hour), runlease.WithClock(c.Now)}
+	gpu, batch := runlease.NamedScope("gpu", 2), runlease.NamedScope("batch", 3)
+	for run, sc := range map[string]runlease.Scope{"train-a": gpu.Take(2), "etl-b": batch.Take(2)} {
+		if _, err := runlease.ClaimSlots(t.Context(), s, run, []runlease.Scope{sc}, opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() }) // before the store closes
+	waiters := []struct {
+		run, principal string
+		priority       int
+		scopes         []runlease.Scope
+	}{
+		{"q-1", "alice", 0, []runlease.Scope{gpu}},
+		{"q-2", "bob", 5, []runlease.Scope{gpu.Take(2)}},
+		{"q-3", "alice", 0, []runlease.Scope{gpu, batch}},
+		{"q-4", "carol", 0, []runlease.Scope{gpu}},
+		{"q-5", "dave", 0, []runlease.Scope{gpu}},
+		{"q-6", "erin", 0, []runlease.Scope{batch.Take(2)}},
+		{"q-7", "erin", 0, []runlease.Scope{batch}},
+	}
+	entries := 0
+	for _, w := range waiters {
+		wg.Go(func() {
+			_, err := runlease.ClaimSlotsWait(ctx, s, w.run, w.scopes, append(opts, runlease.WithWaitPoll(time.Hour),
+				runlease.WithFairShare(w.principal, 1), runlease.WithPriority(w.priority))...)
+			if err != context.Canceled {
+				t.Errorf("%s: %v; want it never admitted", w.run, err)
+			}
+		})
+		entries += len(w.scopes)
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			q, err := runlease.Queues(t.Context(), s, runlease.WithClock(c.Now))
+			if err == nil && len(q) == entries {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not queue: %d entries, %v", w.run, len(q), err)
+			}
+		}
+	}
+}
+
 func TestBrowserSeesLeasesExpireAndReleasesOne(t *testing.T) {
 	bin := chromium(t)
 	s, err := runlease.OpenSQLite(filepath.Join(t.TempDir(), "runs.db"))
@@ -133,8 +186,9 @@ func TestBrowserSeesLeasesExpireAndReleasesOne(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	c := &clock{now: time.Date(2026, 12, 3, 3, 0, 0, 0, time.UTC)}
 	seed(t, s, c.Now())
+	seedQueues(t, s, c)
 	page := statuspage.New(s, statuspage.WithClock(c.Now), statuspage.AllowForceRelease(),
-		statuspage.WithName("sqlite:runs.db"), statuspage.WithLimits(map[string]int{"mem": 4}))
+		statuspage.WithName("sqlite:runs.db"), statuspage.WithLimits(map[string]int{"mem": 4, "gpu": 2, "batch": 3}))
 	var down atomic.Bool // the store is unreachable: every request fails
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if down.Load() {
@@ -174,7 +228,11 @@ func TestBrowserSeesLeasesExpireAndReleasesOne(t *testing.T) {
 		return `tr[data-run="` + run + `"] td:nth-child(` + strconv.Itoa(col) + `)`
 	}
 	do(t, ctx, "open the page", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(`#leases`))
-	contains(t, text(t, ctx, `tr[data-run="live-run"]`), "live-run", "alice#node-1", "live", "in 1m", "at 2026-12-03T03:01:00Z", "release…")
+	contains(t, text(t, ctx, `tr[data-run="live-run"]`), "live-run", "alice#node-1", "live", "in 1m", "release…")
+	contains(t, attr(t, ctx, cell("live-run", 6), "title"), "at 2026-12-03T03:01:00Z")
+	if got := text(t, ctx, cell("live-run", 6)); got != "in 1m" {
+		t.Errorf("takeover of live-run: %q, want it relative to now", got)
+	}
 	contains(t, text(t, ctx, `tr[data-run="expired-run"]`), "expired", "possible now")
 	contains(t, text(t, ctx, `tr[data-run="corrupt-run"]`), "CORRUPT", "{not json", "never: inspect the row")
 	contains(t, text(t, ctx, `#corrupt-banner`), "1 corrupt row")
@@ -188,15 +246,48 @@ func TestBrowserSeesLeasesExpireAndReleasesOne(t *testing.T) {
 			chromedp.WithPollingTimeout(15*time.Second)))
 	contains(t, text(t, ctx, `tr[data-run="live-run"]`), "expired", "1s ago", "possible now")
 	contains(t, text(t, ctx, `#refresh`), "Refreshes every 2 seconds.")
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
-	if err != nil {
-		t.Fatalf("screenshot: %v", err)
+
+	// The queues, as refreshed: two scopes, their waiters in order, how
+	// long each has waited, and why.
+	queue := func(scope string, pos int) string {
+		return `table.queue[data-queue="` + scope + `"] tbody tr:nth-child(` + strconv.Itoa(pos) + `)`
 	}
-	path := filepath.Join(artifacts(t), "statuspage.png")
-	if err := os.WriteFile(path, png, 0o644); err != nil {
-		t.Fatal(err)
+	do(t, ctx, "wait for the refresh to age the waiters",
+		chromedp.Poll[chromedp.Void](`document.querySelector('`+queue("gpu", 5)+` td:nth-child(6)').textContent === "1m1s ago"`,
+			chromedp.WithPollingTimeout(15*time.Second)))
+	for i, want := range [][]string{
+		{"q-2", "bob", "5", "2", "1m1s ago", "capacity: 2 of 2 units in use, 0 free; it asks 2"},
+		{"q-1", "alice", "0", "1", "capacity"},
+		{"q-4", "carol", "capacity"},
+		{"q-5", "dave", "capacity"},
+		{"q-3", "alice", "capacity"},
+	} {
+		contains(t, text(t, ctx, queue("gpu", i+1)), append(want, strconv.Itoa(i+1), "explain")...)
 	}
-	t.Logf("screenshot of the status page: %s", path)
+	contains(t, text(t, ctx, queue("batch", 1)), "q-3", "nothing here: held back in gpu (capacity)")
+	contains(t, text(t, ctx, queue("batch", 2)), "q-6", "erin", "capacity: 2 of 3 units in use, 1 free; it asks 2")
+	contains(t, text(t, ctx, queue("batch", 3)), "q-7", "erin", "order: 1 of 3 units free, 3 reserved by the 2 waiters ahead; it asks 1")
+	if n := count(t, ctx, `table.queue tbody tr`); n != 8 {
+		t.Errorf("%d waiters shown, want 8 in two scopes", n)
+	}
+	screenshot(t, ctx, "statuspage.png")
+
+	// A person asks why q-7 waits: its explanation, which the page's
+	// refresh keeps current.
+	navigate(t, ctx, "open q-7's explanation", chromedp.Click(queue("batch", 3)+` a`, chromedp.NodeVisible))
+	contains(t, text(t, ctx, `#explain`), "Why q-7 waits", "held back in batch (order)")
+	contains(t, text(t, ctx, `#explain-scopes tr[data-scope="batch"]`), "2/3", "3 of 3",
+		"order: 1 of 3 units free", "q-3 (1 unit), q-6 (2 units)", "etl-b (slot 0, in 58m59s)")
+	c.Add(60 * time.Second)
+	do(t, ctx, "wait for the refresh to update the explanation",
+		chromedp.Poll[chromedp.Void](`document.querySelector('#explain-scopes tr[data-scope="batch"]').textContent.includes("in 57m59s")`,
+			chromedp.WithPollingTimeout(15*time.Second)))
+	contains(t, text(t, ctx, `#explain-summary`), "held back in batch (order)")
+	screenshot(t, ctx, "statuspage-explain.png")
+	navigate(t, ctx, "close the explanation", chromedp.Click(`#explain-close`, chromedp.NodeVisible))
+	if n := count(t, ctx, `#explain:not([hidden])`); n != 0 {
+		t.Errorf("the explanation is still shown after close")
+	}
 
 	// A person releases the expired run: the confirmation shows the row
 	// and fence, and the browser's own POST (Origin, Sec-Fetch-Site, the
@@ -213,14 +304,55 @@ func TestBrowserSeesLeasesExpireAndReleasesOne(t *testing.T) {
 
 	// The store stops answering: the page keeps what it showed and says
 	// that it is stale, rather than going blank or looking current.
+	// Released leases are hidden until asked for.
 	do(t, ctx, "reopen the page", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(`#leases`))
+	if n := count(t, ctx, `tr[data-run="expired-run"]`); n != 0 {
+		t.Errorf("the released expired-run is shown without being asked for")
+	}
+	contains(t, text(t, ctx, `.pages`), "(2 released hidden)")
+	navigate(t, ctx, "show released leases", chromedp.Click(`#released-toggle`, chromedp.NodeVisible))
 	contains(t, text(t, ctx, `tr[data-run="expired-run"]`), "released")
+	contains(t, text(t, ctx, `#released-toggle`), "hide released leases")
 	down.Store(true)
 	do(t, ctx, "wait for a failed refresh",
 		chromedp.Poll[chromedp.Void](`document.getElementById("refresh").textContent.startsWith("Refresh failed")`,
 			chromedp.WithPollingTimeout(15*time.Second)))
 	contains(t, text(t, ctx, `#refresh`), "503", "showing the store as of")
 	contains(t, text(t, ctx, `tr[data-run="live-run"]`), "alice#node-1")
+}
+
+// screenshot saves the whole page to name in the artifacts directory.
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	path := filepath.Join(artifacts(t), name)
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot of the status page: %s", path)
+}
+
+// attr returns the attribute name of the element sel selects.
+func attr(t *testing.T, ctx context.Context, sel, name string) string {
+	t.Helper()
+	v, err := chromedp.Run(ctx, chromedp.AttributeValue(sel, name, chromedp.NodeVisible))
+	if err != nil {
+		t.Fatalf("reading %s's %s: %v", sel, name, err)
+	}
+	return v.Value
+}
+
+// count returns how many elements sel selects.
+func count(t *testing.T, ctx context.Context, sel string) int {
+	t.Helper()
+	n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll('`+sel+`').length`))
+	if err != nil {
+		t.Fatalf("counting %s: %v", sel, err)
+	}
+	return n
 }
 
 // do runs steps in the browser, failing the test with what it was doing.
