@@ -69,7 +69,7 @@ func (c *cli) serve(args []string) error {
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "listen on `HOST:PORT`; a loopback address unless --listen-any")
 	fs.BoolVar(&o.listenAny, "listen-any", false, "allow --listen on an address other than loopback: anyone who reaches it sees every lease")
 	fs.BoolVar(&o.allowForce, "allow-force-release", false, "allow force-releasing a lease from the page, after a confirmation (needs the store's writer)")
-	fs.Var(o.limits, "limit", "a scope's limit, `scope=N`, to show used/limit (repeatable)")
+	fs.Var(o.limits, "limit", "a scope's limit, `SCOPE=N`, to show used/limit (repeatable)")
 	pos, err := c.parse(fs, args)
 	switch {
 	case err != nil:
