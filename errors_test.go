@@ -22,7 +22,7 @@ import (
 
 // TestErrorCodesAreUniqueAndDocumented reads every Code* constant of the
 // package's source: no two errors may share a code (callers switch on them),
-// and each must have its row in the README's table of error codes.
+// and each must have its row in the table of error codes, docs/errors.md.
 func TestErrorCodesAreUniqueAndDocumented(t *testing.T) {
 	t.Parallel()
 	files, err := filepath.Glob("*.go")
@@ -62,10 +62,10 @@ func TestErrorCodesAreUniqueAndDocumented(t *testing.T) {
 		})
 	}
 	require.NotEmpty(t, byCode)
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile(filepath.Join("docs", "errors.md"))
 	require.NoError(t, err)
 	for code, name := range byCode {
-		assert.Contains(t, string(readme), "| "+code+" |", "%s (%s) has no row in the README's error table", code, name)
+		assert.Contains(t, string(readme), "| "+code+" |", "%s (%s) has no row in docs/errors.md", code, name)
 	}
 }
 
