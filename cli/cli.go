@@ -27,6 +27,10 @@ type cli struct {
 	secrets        []string          // passwords found in DSNs: never printed
 	dsns           *strings.Replacer // the DSNs of the command line, by the names printed instead
 	kinds          []StoreKind       // stores beyond the built-in ones
+	// flagsOnly, when set, is handed each flag set parse is given, which
+	// then ends the command with errFlagsOnly: completion reads the flags
+	// of every command this way.
+	flagsOnly func(*cmdFlags)
 }
 
 func newCLI(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) *cli {
@@ -95,6 +99,7 @@ func oneLine(s string) string {
 type cmdFlags struct {
 	*flag.FlagSet
 	usage, description string
+	short              map[string]string // a long flag's one-letter alias: "output" -> "o"
 }
 
 // newFlags returns the flag set of cmd, whose --help prints the usage line,
@@ -105,31 +110,59 @@ func (c *cli) newFlags(cmd, usage, description string) *cmdFlags {
 	// would print the whole help for every mistyped flag.
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	return &cmdFlags{FlagSet: fs, usage: usage, description: strings.TrimSpace(description)}
+	return &cmdFlags{FlagSet: fs, usage: usage, description: strings.TrimSpace(description),
+		short: map[string]string{}}
 }
 
 // printHelp prints the help of fs to stdout.
 func (c *cli) printHelp(fs *cmdFlags) {
-	fmt.Fprintf(c.stdout, "Usage: runlease %s %s\n\n%s\n\nFlags:\n", fs.Name(), fs.usage, fs.description)
+	fmt.Fprintf(c.stdout, "Usage: %s\n\n%s\n\nFlags:\n", strings.TrimSpace("runlease "+fs.Name()+" "+fs.usage), fs.description)
+	aliases := map[string]bool{}
+	for _, s := range fs.short {
+		aliases[s] = true
+	}
 	tw := newTable(c.stdout)
 	fs.VisitAll(func(f *flag.Flag) {
+		if aliases[f.Name] {
+			return // shown beside its long name
+		}
 		name, usage := flag.UnquoteUsage(f)
 		if name != "" {
 			name = " " + name
 		}
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0s" {
+		if showDefault(f) {
 			usage += fmt.Sprintf(" (default %s)", f.DefValue)
 		}
-		fmt.Fprintf(tw, "  --%s%s\t%s\n", f.Name, name, usage)
+		flags := "--" + f.Name
+		if s, ok := fs.short[f.Name]; ok {
+			flags = "-" + s + ", " + flags
+		}
+		fmt.Fprintf(tw, "  %s%s\t%s\n", flags, name, usage)
 	})
 	fmt.Fprintf(tw, "  --help\tshow this help\n")
 	tw.Flush()
+}
+
+// showDefault reports whether f's help shows its default: not when it is
+// a zero value, which means "not given" (as the flag package decides), as
+// for every flag a command requires (--fence, --older-than): a default
+// there would suggest that it may be left out.
+func showDefault(f *flag.Flag) bool {
+	switch f.DefValue {
+	case "", "false", "0", "0s":
+		return false
+	}
+	return true
 }
 
 // parse parses args with fs, allowing flags after positional arguments
 // ("peek RUN --json"); everything after "--" is positional. It returns the
 // positional arguments, or exitStatus(0) after printing help.
 func (c *cli) parse(fs *cmdFlags, args []string) ([]string, error) {
+	if c.flagsOnly != nil {
+		c.flagsOnly(fs)
+		return nil, errFlagsOnly
+	}
 	var pos []string
 	for {
 		err := fs.Parse(args)

@@ -14,7 +14,7 @@ import (
 
 const explainHelp = `
 Explain tells why a run is not starting: for each scope it claims (give
-each with --limit scope=N, the limit its drivers claim with), the limit,
+each with --limit SCOPE=N, the limit its drivers claim with), the limit,
 the units other runs hold, the scope's queue and the run's place in it,
 the waiters ahead of it, who holds the slots and until when, and what
 holds it back:
@@ -26,9 +26,9 @@ with --units, --priority, --principal and --weight as its drivers claim.
 It reads each scope once and writes nothing; an embedded store is opened
 read-only, beside its running driver.
 
---json prints run_id, now, admissible, and scopes[] of scope, limit,
-units, used, own, queue_length, queued, position, priority, tag,
-reserved, blocked_by ("" when none), ahead[] (the fields of a status
+--json (or -o json) prints run_id, now, admissible, and scopes[] of
+scope, limit, units, used, own, queue_length, queued, position, priority,
+tag, reserved, blocked_by ("" when none), ahead[] (the fields of a status
 --json queue entry) and holders[] (the fields of a status --json slot).
 `
 
@@ -65,12 +65,12 @@ func (c *cli) explain(args []string) error {
 	var principal string
 	fs := c.newFlags("explain", "[flags] RUN", explainHelp)
 	c.registerStore(fs.FlagSet, &sf)
-	fs.BoolVar(&asJSON, "json", false, "print JSON for scripts (fields above)")
-	fs.Var(limits, "limit", "a scope the run claims and its limit, `scope=N` (repeatable; one at least)")
-	fs.Var(units, "units", "the units the run claims of a scope, `scope=N` (default 1)")
-	fs.IntVar(&priority, "priority", 0, "the claim's priority, as WithPriority")
-	fs.StringVar(&principal, "principal", "", "the claim's principal, as WithFairShare")
-	fs.IntVar(&weight, "weight", 1, "the principal's weight, as WithFairShare")
+	fs.outputVars(&asJSON, "print JSON for scripts (fields above)")
+	fs.Var(limits, "limit", "a scope the run claims and its limit, `SCOPE=N` (repeatable; one at least)")
+	fs.Var(units, "units", "the units the run claims of a scope, `SCOPE=N` (repeatable; 1 unit of each scope not given)")
+	fs.IntVar(&priority, "priority", 0, "the claim's priority `N`, as WithPriority")
+	fs.StringVar(&principal, "principal", "", "the claim's `PRINCIPAL`, as WithFairShare")
+	fs.IntVar(&weight, "weight", 1, "the principal's weight `N`, as WithFairShare")
 	pos, err := c.parse(fs, args)
 	switch {
 	case err != nil:
@@ -78,7 +78,7 @@ func (c *cli) explain(args []string) error {
 	case len(pos) != 1:
 		return usagef("explain", "want one RUN argument, got %d", len(pos))
 	case len(limits) == 0:
-		return usagef("explain", "give the scopes the run claims with --limit scope=N")
+		return usagef("explain", "give the scopes the run claims with --limit SCOPE=N")
 	}
 	names := make([]string, 0, len(limits))
 	for name := range limits {

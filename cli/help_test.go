@@ -1,6 +1,9 @@
 package cli
 
 import (
+	"flag"
+	"io"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -16,7 +19,7 @@ func TestEveryCommandHasHelp(t *testing.T) {
 		for _, args := range [][]string{{cmd.name, "--help"}, {cmd.name, "-h"}, {"help", cmd.name}} {
 			r := runCLI(t, args...)
 			assert.Equal(t, exitOK, r.code, args)
-			assert.True(t, strings.HasPrefix(r.stdout, "Usage: runlease "+cmd.name+" "), r.stdout)
+			assert.Regexp(t, `^Usage: runlease `+cmd.name+`( .*)?\n\n`, r.stdout)
 			assert.Regexp(t, `(?m)^  --help\s+show this help$`, r.stdout)
 			assert.Empty(t, r.stderr)
 		}
@@ -34,7 +37,7 @@ func TestHelpDocumentsExitCodesAndJSONFields(t *testing.T) {
 		"takeover_possible", "takeover_at", "row", "scope", "used", "limit", "slots[]", "corrupt", "key"} {
 		assert.Contains(t, r.stdout, field)
 	}
-	for _, flag := range []string{"--db PATH", "--postgres DSN", "--table NAME", "--json", "--watch DURATION", "--limit scope=N"} {
+	for _, flag := range []string{"--db PATH", "--postgres DSN", "--table NAME", "--json", "--watch DURATION", "--limit SCOPE=N", "-o, --output FORMAT"} {
 		assert.Contains(t, r.stdout, flag)
 	}
 }
@@ -95,4 +98,51 @@ func TestStatusHelpDocumentsFiltersAndTheCorruptStatus(t *testing.T) {
 	}
 	r = runCLI(t, "help")
 	assert.Contains(t, r.stdout, "5 status: it shows a\ncorrupt row")
+}
+
+// placeholder is how a flag's help names its value: upper case, as
+// RUN, SCOPE=N, HOST:PORT.
+var placeholder = regexp.MustCompile(`^[A-Z][A-Z0-9]*(?:[:=][A-Z][A-Z0-9]*)?$`)
+
+func TestHelpNamesValuesInUpperCaseAndAlikeAcrossCommands(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t.Context(), strings.NewReader(""), io.Discard, io.Discard)
+	byFlag := map[string]string{}
+	for _, cmd := range commands {
+		fs := c.flagSets()[cmd.name]
+		for _, word := range strings.Fields(fs.usage) {
+			if !strings.HasPrefix(strings.TrimLeft(word, "["), "-") && word != "[flags]" && word != "|" {
+				assert.Regexp(t, placeholder, strings.Trim(word, "[]"), "the usage line of %s", cmd.name)
+			}
+		}
+		fs.VisitAll(func(f *flag.Flag) {
+			name, _ := flag.UnquoteUsage(f)
+			if _, isBool := f.Value.(interface{ IsBoolFlag() bool }); isBool || fs.Lookup("output") != nil && f.Name == "o" {
+				return
+			}
+			assert.Regexp(t, placeholder, name, "%s --%s", cmd.name, f.Name)
+			if prev, ok := byFlag[f.Name]; ok {
+				assert.Equal(t, prev, name, "%s --%s names its value as other commands do", cmd.name, f.Name)
+			}
+			byFlag[f.Name] = name
+		})
+	}
+	assert.Equal(t, "SCOPE=N", byFlag["limit"])
+}
+
+func TestHelpShowsNoDefaultForARequiredFlag(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ cmd, flag string }{
+		{"repair", "--fence N"}, {"prune", "--older-than DURATION"}, {"release", "--force"},
+	} {
+		r := runCLI(t, tc.cmd, "--help")
+		require.Equal(t, exitOK, r.code, r.stderr)
+		assert.Regexp(t, `(?m)^  `+tc.flag+`\s+required\b.*[^)]$`, r.stdout, tc.cmd)
+	}
+	// Nor a zero value that means "not given".
+	r := runCLI(t, "status", "--help")
+	assert.Regexp(t, `(?m)^  --max N\s+.*\(0: all\)$`, r.stdout)
+	r = runCLI(t, "explain", "--help")
+	assert.Regexp(t, `(?m)^  --priority N\s+.*WithPriority$`, r.stdout)
+	assert.Regexp(t, `(?m)^  --weight N\s+.*\(default 1\)$`, r.stdout)
 }

@@ -52,7 +52,7 @@ var flagName = regexp.MustCompile(`^[a-z][a-z0-9-]*$`)
 // that open stores, which no StoreKind may take.
 var builtinFlags = map[string]bool{"db": true, "postgres": true, "table": true, "timeout": true,
 	"allow-force-release": true, "dry-run": true, "fence": true, "fence-unknown": true, "force": true,
-	"json": true, "limit": true, "listen": true, "listen-any": true, "max": true, "older-than": true,
+	"json": true, "o": true, "output": true, "limit": true, "listen": true, "listen-any": true, "max": true, "older-than": true,
 	"run": true, "slot": true, "state": true, "watch": true, "yes": true, "help": true, "h": true,
 	"units": true, "priority": true, "principal": true, "weight": true}
 

@@ -63,16 +63,23 @@ type command struct {
 }
 
 // commands lists the subcommands in the order "runlease help" shows them.
-var commands = []command{
-	{"demo", "play a short scenario on a fresh embedded store and print its timeline", (*cli).demo},
-	{"status", "list every lease, and slot occupancy per scope", (*cli).status},
-	{"peek", "show one run's lease; the exit status says held, free or absent", (*cli).peek},
-	{"explain", "tell why a run waits for slots: limits, queues, who is ahead and who holds them", (*cli).explain},
-	{"release", "force-release a stuck lease, keeping its fence", (*cli).release},
-	{"repair", "replace a corrupt row: a lease by a tombstone at a fence you give, a slot by nothing", (*cli).repair},
-	{"prune", "remove released and expired rows older than a horizon", (*cli).prune},
-	{"serve", "serve the status page over HTTP: leases, slots and corrupt rows, refreshed live", (*cli).serve},
-	{"schema", "print the Postgres table's DDL for migration tools", (*cli).schema},
+// It is set in init, since completion, one of them, reads it.
+var commands []command
+
+func init() {
+	commands = []command{
+		{"demo", "play a short scenario on a fresh embedded store and print its timeline", (*cli).demo},
+		{"status", "list every lease, and slot occupancy per scope", (*cli).status},
+		{"peek", "show one run's lease; the exit status says held, free or absent", (*cli).peek},
+		{"explain", "tell why a run waits for slots: limits, queues, who is ahead and who holds them", (*cli).explain},
+		{"release", "force-release a stuck lease, keeping its fence", (*cli).release},
+		{"repair", "replace a corrupt row: a lease by a tombstone at a fence you give, a slot by nothing", (*cli).repair},
+		{"prune", "remove released and expired rows older than a horizon", (*cli).prune},
+		{"serve", "serve the status page over HTTP: leases, slots and corrupt rows, refreshed live", (*cli).serve},
+		{"schema", "print the Postgres table's DDL for migration tools", (*cli).schema},
+		{"completion", "print a bash or zsh script that completes commands and flags", (*cli).completion},
+		{"version", "print the module version this binary was built from", (*cli).version},
+	}
 }
 
 // main dispatches args to a command and turns its error into an exit
@@ -85,12 +92,8 @@ func (c *cli) main(args []string) int {
 	}
 	name, rest := args[0], args[1:]
 	switch name {
-	case "--version", "-version", "version":
-		if len(rest) > 0 {
-			return c.exit(usagef("", "%s takes no arguments", name))
-		}
-		fmt.Fprintf(c.stdout, "runlease %s\n", version(debug.ReadBuildInfo))
-		return exitOK
+	case "--version", "-version":
+		name = "version"
 	case "help", "-h", "-help", "--help":
 		if len(rest) == 0 {
 			c.topUsage(c.stdout)
@@ -106,10 +109,30 @@ func (c *cli) main(args []string) int {
 	return c.exit(usagef("", "unknown command %q", name))
 }
 
-// version is the module version the binary was built from, as "go install
-// …@v1.2.3" records it, or "(devel)" for a build from a work tree, followed
-// by the Go version.
-func version(read func() (*debug.BuildInfo, bool)) string {
+const versionHelp = `
+Version prints the version of the module the binary was built from, as
+"go install github.com/areev/runlease/cmd/runlease@v0.1.0" records it
+(v0.1.0), or "(devel)" for a build from a work tree, and the Go version
+that built it. "runlease --version" is the same.
+`
+
+func (c *cli) version(args []string) error {
+	fs := c.newFlags("version", "", versionHelp)
+	pos, err := c.parse(fs, args)
+	switch {
+	case err != nil:
+		return err
+	case len(pos) > 0:
+		return usagef("version", "unexpected argument %q", pos[0])
+	}
+	_, err = fmt.Fprintf(c.stdout, "runlease %s\n", moduleVersion(debug.ReadBuildInfo))
+	return err
+}
+
+// moduleVersion is the module version the binary was built from, as "go
+// install …@v1.2.3" records it, or "(devel)" for a build from a work tree,
+// followed by the Go version.
+func moduleVersion(read func() (*debug.BuildInfo, bool)) string {
 	info, ok := read()
 	if !ok {
 		return "(devel)"
@@ -126,7 +149,7 @@ func (c *cli) topUsage(w io.Writer) {
 	fmt.Fprint(w, `runlease operates run leases and concurrency slots.
 
 Usage:
-  runlease <command> [flags] [arguments]
+  runlease COMMAND [flags] [ARGUMENTS]
 
 Commands:
 `)
@@ -137,16 +160,17 @@ Commands:
 	tw.Flush()
 	fmt.Fprint(w, `
 The store (status, peek, serve, release, repair, prune):
-  --db PATH        the embedded SQLite store (default runlease.db)
-  --postgres DSN   a shared Postgres store (default $RUNLEASE_POSTGRES): a
-                   postgres:// URL or key=value pairs, as runlease.Open reads
-                   them; table=NAME in the DSN names the table
-  --table NAME     the Postgres table (default runlease_meta)
-  --timeout D      give up on the store after D at each step (default 10s)
+  --db PATH           the embedded SQLite store (default runlease.db)
+  --postgres DSN      a shared Postgres store (default $RUNLEASE_POSTGRES): a
+                      postgres:// URL or key=value pairs, as runlease.Open
+                      reads them; table=NAME in the DSN names the table
+  --table NAME        the Postgres table (default runlease_meta)
+  --timeout DURATION  give up on the store after DURATION at each step
+                      (default 10s)
 `)
 	for _, k := range c.kinds {
 		name, usage := flag.UnquoteUsage(&flag.Flag{Name: k.Flag, Usage: k.Usage, Value: new(stringValue)})
-		fmt.Fprintf(w, "  --%s %s\n                   %s", k.Flag, name, usage)
+		fmt.Fprintf(w, "  --%s %s\n                      %s", k.Flag, name, usage)
 		if k.Env != "" {
 			fmt.Fprintf(w, " (default $%s)", k.Env)
 		}
@@ -157,7 +181,7 @@ Exit status: 0 success (peek: held), 1 error, 2 usage error (RUN-E001),
 3 peek: free (expired or released), 4 peek: absent, 5 status: it shows a
 corrupt row (named on stderr).
 
-Run "runlease <command> --help" for a command's flags, and
+Run "runlease COMMAND --help" for a command's flags, and
 "runlease --version" for the version.
 `)
 }

@@ -20,10 +20,10 @@ Exit status, for scripts:
   1  error, such as an unreachable store or a corrupt row (RUN-E002)
   2  usage error: every RUN-E001, such as an empty RUN
 
---json prints the lease with the fields of status --json (run_id, state,
-holder, fence, until, until_ms, expires_in_ms, takeover_possible,
-takeover_at, row),
-state "absent" (and takeover_possible true) for a run with no row, and now.
+--json (or -o json) prints the lease with the fields of status --json
+(run_id, state, holder, fence, until, until_ms, expires_in_ms,
+takeover_possible, takeover_at, row), state "absent" (and
+takeover_possible true) for a run with no row, and now.
 `
 
 // peekJSON is the document peek --json prints.
@@ -37,7 +37,7 @@ func (c *cli) peek(args []string) error {
 	var asJSON bool
 	fs := c.newFlags("peek", "[flags] RUN", peekHelp)
 	c.registerStore(fs.FlagSet, &sf)
-	fs.BoolVar(&asJSON, "json", false, "print JSON for scripts")
+	fs.outputVars(&asJSON, "print JSON for scripts (fields above)")
 	pos, err := c.parse(fs, args)
 	if err != nil {
 		return err

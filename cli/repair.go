@@ -49,7 +49,7 @@ func (c *cli) repair(args []string) error {
 	var o repairOpts
 	fs := c.newFlags("repair", "--fence N [flags] RUN | --slot KEY [flags]", repairHelp)
 	c.registerStore(fs.FlagSet, &o.store)
-	fs.Uint64Var(&o.fence, "fence", 0, "the tombstone's fence `N`: at least any fence the run may have had")
+	fs.Uint64Var(&o.fence, "fence", 0, "required with a RUN: the tombstone's fence `N`, at least any fence the run may have had")
 	fs.BoolVar(&o.fenceUnknown, "fence-unknown", false, "the row shows no fence: confirm that --fence is above every fence outside systems saw")
 	fs.StringVar(&o.slot, "slot", "", "repair the corrupt slot row at `KEY` (it is deleted) instead of a lease")
 	fs.BoolVar(&o.yes, "yes", false, "do not ask for confirmation on a terminal")

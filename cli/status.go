@@ -20,16 +20,17 @@ A lease is live (held; takeover possible once it expires), expired (its
 holder stopped renewing; anyone may take over), released (given up; the next
 holder continues its fence) or corrupt (the row does not parse; nobody takes
 it over until a person looks). A scope's limit is the claiming host's
-configuration, not stored: give --limit scope=N to see used/limit; the
-scope is a name drivers can claim (letters, digits, '-', '.', '/'), or
-principal:<p>.
+configuration, not stored: give --limit SCOPE=N to see used/limit; the
+SCOPE is a name drivers can claim (letters, digits, '-', '.', '/'), or
+principal:PRINCIPAL.
 
 --state, --run and --max choose the leases shown (in run id order); the
 scopes are always shown whole. A corrupt row shown is also named on stderr,
 and status then exits with status 5 (not with --watch, which runs until
 interrupted and exits 0); other exit statuses are those of every command.
 
---json prints one document (with --watch, one line per refresh):
+--json (or -o json) prints one document (with --watch, one line per
+refresh):
   store          the store, password redacted (a Postgres store's table,
                  unless the default, follows as " table NAME")
   table          the Postgres table; null for the embedded store
@@ -49,7 +50,7 @@ interrupted and exits 0); other exit statuses are those of every command.
                  enqueued, enqueued_ms, until, until_ms, expires_in_ms
 `
 
-// limitsFlag collects --limit scope=N flags.
+// limitsFlag collects --limit SCOPE=N flags.
 type limitsFlag map[string]int
 
 func (l limitsFlag) String() string {
@@ -65,7 +66,7 @@ func (l limitsFlag) Set(s string) error {
 	scope, n, ok := strings.Cut(s, "=")
 	limit, err := strconv.Atoi(n)
 	if !ok || scope == "" || err != nil || limit < 1 || limit > runlease.MaxSlotLimit {
-		return fmt.Errorf("want scope=N with N in [1, %d], got %q", runlease.MaxSlotLimit, s)
+		return fmt.Errorf("want SCOPE=N with N in [1, %d], got %q", runlease.MaxSlotLimit, s)
 	}
 	if _, err := parseScope(scope, limit); err != nil {
 		return err
@@ -135,9 +136,9 @@ func (c *cli) status(args []string) error {
 	o := statusOpts{limits: limitsFlag{}, filter: leaseFilter{states: statesFlag{}}}
 	fs := c.newFlags("status", "[flags]", statusHelp)
 	c.registerStore(fs.FlagSet, &o.store)
-	fs.BoolVar(&o.json, "json", false, "print JSON for scripts (fields above)")
+	fs.outputVars(&o.json, "print JSON for scripts (fields above)")
 	fs.DurationVar(&o.watch, "watch", 0, "refresh every `DURATION` until interrupted")
-	fs.Var(o.limits, "limit", "a scope's limit, `scope=N`, to show used/limit (repeatable)")
+	fs.Var(o.limits, "limit", "a scope's limit, `SCOPE=N`, to show used/limit (repeatable)")
 	fs.Var(o.filter.states, "state", "show only leases in `STATE`: live, expired, released, corrupt (comma-separated or repeated)")
 	fs.StringVar(&o.filter.prefix, "run", "", "show only leases whose run id starts with `PREFIX`")
 	fs.IntVar(&o.filter.max, "max", 0, "show at most `N` leases, in run id order (0: all)")

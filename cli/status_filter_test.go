@@ -130,7 +130,7 @@ func TestVersionPrintsTheModuleVersion(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			assert.Equal(t, tc.want, version(func() (*debug.BuildInfo, bool) { return tc.info, tc.ok }))
+			assert.Equal(t, tc.want, moduleVersion(func() (*debug.BuildInfo, bool) { return tc.info, tc.ok }))
 		})
 	}
 	for _, arg := range []string{"--version", "-version", "version"} {

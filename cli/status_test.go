@@ -223,8 +223,8 @@ func TestStatusUsageErrors(t *testing.T) {
 	}{
 		{"argument", []string{"status", "--db", path, "extra"}, `unexpected argument "extra"`},
 		{"watch_too_fast", []string{"status", "--db", path, "--watch", "1ms"}, "--watch 1ms"},
-		{"bad_limit", []string{"status", "--db", path, "--limit", "mem"}, "want scope=N"},
-		{"zero_limit", []string{"status", "--db", path, "--limit", "mem=0"}, "want scope=N"},
+		{"bad_limit", []string{"status", "--db", path, "--limit", "mem"}, "want SCOPE=N"},
+		{"zero_limit", []string{"status", "--db", path, "--limit", "mem=0"}, "want SCOPE=N"},
 		{"two_stores", []string{"status", "--db", path, "--postgres", "postgres://x@127.0.0.1:1/x"}, "two stores"},
 		{"table_without_postgres", []string{"status", "--db", path, "--table", "t"}, "--table applies"},
 		{"unknown_flag", []string{"status", "--nope"}, "flag provided but not defined: -nope"},
