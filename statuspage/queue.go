@@ -127,7 +127,7 @@ func whyOf(e explanation, found bool, scope string) Why {
 	case !found:
 		return Why{"unknown", "not explained: more than " + strconv.Itoa(MaxExplained) + " runs wait; see its explanation"}
 	case slices.Contains(e.noLimit, scope):
-		return Why{"unknown", "unknown: no limit given for " + scope + " (serve --limit, statuspage.WithLimits)"}
+		return Why{"unknown", "unknown: no limit given for " + scope + " (serve --limit SCOPE=N, statuspage.WithLimits)"}
 	case e.err != nil:
 		return Why{"unknown", "cannot explain: " + e.err.Error()}
 	}
@@ -212,7 +212,7 @@ func explained(runID string, r *Reading, e explanation) *Explained {
 	}
 	if len(e.noLimit) > 0 {
 		notes = append(notes, "not explained in "+strings.Join(e.noLimit, ", ")+
-			": no limit given (serve --limit, statuspage.WithLimits)")
+			": no limit given (serve --limit SCOPE=N, statuspage.WithLimits)")
 	}
 	x.Note = strings.Join(notes, "; ")
 	if e.ex == nil || e.err != nil {

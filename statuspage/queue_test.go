@@ -120,7 +120,7 @@ func TestQueueView(t *testing.T) {
 					}
 				}
 				assert.Contains(t, body, queueRow(1, "q-8", "-", 0, 1, "12s ago",
-					"unknown: no limit given for scratch (serve --limit, statuspage.WithLimits)"))
+					"unknown: no limit given for scratch (serve --limit SCOPE=N, statuspage.WithLimits)"))
 				assert.NotContains(t, body, "<img", "a run id is text, never markup")
 			})
 			t.Run("a_waiter_links_its_explanation", func(t *testing.T) {
