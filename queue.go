@@ -28,7 +28,7 @@ const (
 )
 
 // queueEntry is the JSON of one queue row. The fields are documented in
-// the README ("Queue entries").
+// docs/admission.md ("Rows").
 type queueEntry struct {
 	Run       string   `json:"run"`
 	Waiter    string   `json:"waiter"` // the waiting call's id: a run waits once

@@ -37,7 +37,7 @@ const (
 	ClockPrefix = "runclock:"
 	// LegacyQueuePrefix starts the queue entries of runlease versions
 	// before the line (runqueue:<n>:<scope>:<run id>). They hold no place
-	// in the line: see the README's "Upgrading from the scanned queue".
+	// in the line: see docs/operating.md, "Upgrading from the scanned queue".
 	// A waiter still reads its own run's, so that a run never waits twice
 	// across versions, and Prune removes them once they expire.
 	LegacyQueuePrefix = "runqueue:"

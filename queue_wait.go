@@ -43,7 +43,7 @@ func deleteRinging(ctx context.Context, s Store, key, expected, scope string) (b
 // they queued. A waiter that cannot be admitted yet (another scope it
 // needs is full, or fewer units are free than it needs) reserves what it
 // needs: a waiter ranked behind it is admitted only into units that no
-// waiter ahead needs, so it never delays one. See the README's "Waiting
+// waiter ahead needs, so it never delays one. See docs/admission.md, "Waiting
 // for slots" for the precise rules and the bound on waiting they give.
 //
 // The waiter keeps its queue entries alive while it waits, renewing them

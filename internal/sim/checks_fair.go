@@ -28,7 +28,7 @@ type fairLog struct {
 
 // fairAdmission records an admission of run, ranked as rk, to scope, whose
 // line holds the live entries queue as the admission's batch applies, and
-// checks the fair-share bound (README "Waiting for slots"; start-time fair
+// checks the fair-share bound (docs/admission.md "Waiting for slots"; start-time fair
 // queueing's): over every stretch of admissions at each of which two
 // principals i and j both had runs waiting, their admissions divided by
 // their weights differ by at most 1/w_i + 1/w_j. A principal has runs

@@ -16,7 +16,7 @@ import (
 // so each adds a millisecond.
 const leftSlack = 50 * time.Millisecond
 
-// entry is a line row as the store holds it (README "Queue entries"): a
+// entry is a line row as the store holds it (docs/admission.md "Rows"): a
 // waiter's entry at runline:<n>:<scope>:<rank>:<run id>, or a legacy entry
 // of an earlier version at runqueue:<n>:<scope>:<run id>.
 type entry struct {
@@ -40,7 +40,7 @@ func (e entry) live(now time.Time) bool { return e.UntilMS > now.UnixMilli() }
 // expired entry live again, which no one then reads as holding a place.
 func (e entry) liveAll(hi time.Time) bool { return e.UntilMS > hi.UnixMilli() }
 
-// before is the README's order: higher priority, then the smaller
+// before is the documented order (docs/admission.md): higher priority, then the smaller
 // fair-share tag, then the earlier enqueue, then the run id.
 func (e entry) before(f entry) bool {
 	switch {
@@ -54,7 +54,7 @@ func (e entry) before(f entry) bool {
 	return e.Run < f.Run
 }
 
-// Widths of the rank in a line key (README "Queue entries"): MaxPriority
+// Widths of the rank in a line key (docs/admission.md "Rows"): MaxPriority
 // less the priority, the tag and the enqueue time, zero-padded.
 const (
 	rankPrioDigits = 7
@@ -69,9 +69,9 @@ func scopeSeg(scope string) string { return strconv.Itoa(len(scope)) + ":" + sco
 func linePrefix(scope string) string { return runlease.QueuePrefix + scopeSeg(scope) + ":" }
 
 // lineKey is where e's entry of scope must be for it to hold a place: the
-// key whose byte order is the README's order. It is written here from the
-// README, not taken from the library, so that a library that writes an
-// entry elsewhere is caught.
+// key whose byte order is the documented order (docs/admission.md). It is
+// written here from the docs, not taken from the library, so that a
+// library that writes an entry elsewhere is caught.
 func lineKey(scope string, e entry) string {
 	return fmt.Sprintf("%s%0*d.%0*d.%0*d:%s", linePrefix(scope), rankPrioDigits, runlease.MaxPriority-e.Priority,
 		rankTagDigits, e.Tag, rankEnqDigits, e.EnqMS, e.Run)
@@ -229,13 +229,13 @@ func (w *World) limitOf(scope string) int {
 //
 // queue-order: no run takes units while live entries ranked ahead of it,
 // placed before the claim read the store, still need units that the free
-// ones do not fit beside its own (README: "one behind is admitted first
+// ones do not fit beside its own (docs/admission.md: "one behind is admitted first
 // only when the free units fit both"; a waiter ahead reserves what it
 // needs). Ranked ahead of it are, as the store shows the entries: within
 // its principal and priority, those ahead of its own entry, or every one
 // when it has none (FIFO); at a higher priority, every one (strict
 // priority); and when it has an entry, every entry ahead of that one in
-// the README's order (the fair share: the tags are in the keys).
+// the documented order (docs/admission.md) (the fair share: the tags are in the keys).
 func (w *World) batching(conds []runlease.Cond, ops []runlease.Op, at time.Time, opID int, took time.Duration) {
 	w.mu.Lock()
 	rk, ok := w.ranks[opID]
@@ -351,7 +351,7 @@ func (w *World) placedBefore(e entry, t time.Time) bool {
 
 // checkLegacy: a waiter that takes a place, or is admitted without
 // waiting, conditions its batch on its run's legacy entry as it read it
-// (README "Upgrading from the scanned queue"); a live one of another
+// (docs/operating.md "Upgrading from the scanned queue"); a live one of another
 // waiter, of the waiter's fence or a newer one, is a wait of the run in
 // an earlier version, and the call fails with ErrAlreadyQueued instead:
 // it is never admitted nor queued beside it, nor deletes it. A batch that
@@ -501,7 +501,7 @@ func (w *World) observeQueue() {
 	}
 }
 
-// observeWaiters checks that a run waits once (README: a second call
+// observeWaiters checks that a run waits once (docs/admission.md: a second call
 // waiting for the same run fails with ErrAlreadyQueued, and a newer
 // fence's takes the older one's place, its entry with it): no two calls of
 // one run, both still waiting, hold live entries in one scope at once,
@@ -550,7 +550,7 @@ func (w *World) observeWaiters(rows []runlease.Row) {
 	}
 }
 
-// observeHeads checks the README's bound for a waiter ranked ahead of no
+// observeHeads checks the documented bound for a waiter ranked ahead of no
 // one (k = 0): in a mode where every holder releases within Hold of its
 // admission and nothing of a higher priority arrives, a waiter at the head
 // of every queue it waits in is admitted within ⌈1/L⌉·Hold = Hold, plus

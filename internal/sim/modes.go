@@ -76,7 +76,7 @@ type QueueSpec struct {
 	Twins bool
 	// Hold, when set, makes every wait that is admitted hold its slots for
 	// up to Hold and then release them, within the same operation, and
-	// checks the README's bound for the waiter at the head of its queues.
+	// checks the documented bound for the waiter at the head of its queues.
 	Hold time.Duration
 }
 
@@ -271,7 +271,7 @@ func init() {
 		Queue: &QueueSpec{Principals: []Principal{{"", 0}, {"a", 1}, {"b", 2}, {"a", 1}},
 			Priorities: []int{0, 0, 0, 1, -1}, Poll: 300 * time.Millisecond,
 			Deadlines: []time.Duration{400 * time.Millisecond, 2 * time.Second, 6 * time.Second, 15 * time.Second}}})
-	addMode(Mode{Name: "queue-bound", Doc: "a healthy store with range reads where every admitted waiter releases within 1.5 s: the waiter at the head of its queues is admitted within the README's bound while others keep arriving, some of one principal at once, behind entries of dead waiters and beside legacy entries",
+	addMode(Mode{Name: "queue-bound", Doc: "a healthy store with range reads where every admitted waiter releases within 1.5 s: the waiter at the head of its queues is admitted within the documented bound while others keep arriving, some of one principal at once, behind entries of dead waiters and beside legacy entries",
 		Actors: 6, Runs: 1, Steps: 140, Ops: map[string]float64{"wait": 1, "wait-burst": 0.4, "plant-ghosts": 0.1, "plant-legacy": 0.1},
 		Weather: []Weather{healthy}, Ranges: true,
 		Scopes: []ScopeSpec{{Name: "gpu", Limit: 3}, {Name: "mem", Limit: 2}},

@@ -422,7 +422,7 @@ func (w *World) begin(a *actor, kind string) {
 		})
 	case "claim":
 		// A driver claims slots only right after it saw its lease hold, as
-		// the README asks; a stalled driver's claim is not promised anything.
+		// the docs ask; a stalled driver's claim is not promised anything.
 		if r, own := w.ownRow(run, a.holder, fence, epoch); !own || !r.live(w.storeNow()) {
 			return
 		}

@@ -173,7 +173,7 @@ func (w *World) waitReturned(rec *waitRec, s Slots, err error) {
 	subject := fmt.Sprintf("op%d", rec.o.id)
 	if err != nil {
 		// ctx.Err() itself, by identity, whenever the context ended:
-		// README "Waiting for slots", and the rule that a context error is
+		// docs/admission.md "Waiting for slots", and the rule that a context error is
 		// never replaced by a library one.
 		if cerr := rec.ctx.Err(); cerr != nil && err != cerr {
 			w.violate("wait-ctx-err", subject, "ClaimSlotsWait #%d: its context ended (%v, cancelled by the workload: %v) and it returned %v, not ctx.Err() itself (errors.Is: %v)",
@@ -294,7 +294,7 @@ func (w *World) beginAbandonWait(a *actor) {
 
 // checkPlaceLeft: a wait that returned an error, having met no fault of
 // the store on any of its calls, has taken its place out of the queues
-// (README: ctx.Err() "with its place taken out of the queues"); under
+// (docs/admission.md: ctx.Err() "with its place taken out of the queues"); under
 // faults its entries may stay until they expire, which observeQueue
 // checks.
 func (w *World) checkPlaceLeft(rec *waitRec, snow time.Time, err error) {
