@@ -21,7 +21,7 @@ import (
 //	RUN-E013  store closed: the store was used after Close
 //	RUN-E021  lease lost: another holder has (or had) the lease
 //	RUN-E022  concurrency limit: every slot of a scope is held
-//	RUN-E023  slot lost: a held slot was taken by another run
+//	RUN-E023  slot lost: a held slot was taken by another run, or not renewed within its trust window
 //	RUN-E024  keeper stopped: a Keeper was stopped, not lost (see [ErrKeeperStopped])
 //	RUN-E025  condition failed: a fenced write's condition on the caller's keys did not hold; nothing was written
 //	RUN-E026  already queued: another call waits in the queue for the same run's slots
