@@ -100,6 +100,9 @@ func (s statesFlag) Set(v string) error {
 	return nil
 }
 
+// minWatch is the shortest --watch: a refresh reads every row.
+const minWatch = 100 * time.Millisecond
+
 type statusOpts struct {
 	store  storeFlags
 	json   bool
@@ -137,7 +140,7 @@ func (c *cli) status(args []string) error {
 	fs := c.newFlags("status", "[flags]", statusHelp)
 	c.registerStore(fs.FlagSet, &o.store)
 	fs.outputVars(&o.json, "print JSON for scripts (fields above)")
-	fs.DurationVar(&o.watch, "watch", 0, "refresh every `DURATION` until interrupted")
+	fs.DurationVar(&o.watch, "watch", 0, "refresh every `DURATION` (at least 100ms) until interrupted")
 	fs.Var(o.limits, "limit", "a scope's limit, `SCOPE=N`, to show used/limit (repeatable)")
 	fs.Var(o.filter.states, "state", "show only leases in `STATE`: live, expired, released, corrupt (comma-separated or repeated)")
 	fs.StringVar(&o.filter.prefix, "run", "", "show only leases whose run id starts with `PREFIX`")
@@ -148,8 +151,9 @@ func (c *cli) status(args []string) error {
 		return err
 	case len(pos) > 0:
 		return usagef("status", "unexpected argument %q", pos[0])
-	case o.watch < 0 || (o.watch > 0 && o.watch < 100*time.Millisecond):
-		return usagef("status", "--watch %v: give at least 100ms", o.watch)
+	case flagSet(fs.FlagSet, "watch") && o.watch < minWatch:
+		// --watch 0s would refresh without pause; it is not "no --watch".
+		return usagef("status", "--watch %v: give at least %v", o.watch, minWatch)
 	case o.filter.max < 0:
 		return usagef("status", "--max %d: give 0 (all) or more", o.filter.max)
 	}

@@ -222,7 +222,10 @@ func TestStatusUsageErrors(t *testing.T) {
 		want string
 	}{
 		{"argument", []string{"status", "--db", path, "extra"}, `unexpected argument "extra"`},
-		{"watch_too_fast", []string{"status", "--db", path, "--watch", "1ms"}, "--watch 1ms"},
+		{"watch_too_fast", []string{"status", "--db", path, "--watch", "1ms"}, "--watch 1ms: give at least 100ms"},
+		{"watch_zero", []string{"status", "--db", path, "--watch", "0s"}, "--watch 0s: give at least 100ms"},
+		{"watch_zero_json", []string{"status", "--db", path, "--watch=0", "--json"}, "--watch 0s: give at least 100ms"},
+		{"watch_negative", []string{"status", "--db", path, "--watch", "-1s"}, "--watch -1s: give at least 100ms"},
 		{"bad_limit", []string{"status", "--db", path, "--limit", "mem"}, "want SCOPE=N"},
 		{"zero_limit", []string{"status", "--db", path, "--limit", "mem=0"}, "want SCOPE=N"},
 		{"two_stores", []string{"status", "--db", path, "--postgres", "postgres://x@127.0.0.1:1/x"}, "two stores"},
