@@ -164,8 +164,8 @@ func writeExplanation(w io.Writer, ex *runlease.Explanation, now time.Time) {
 		}
 		fmt.Fprintf(w, "\n%s:\n", se.Scope)
 		for _, a := range se.Ahead {
-			fmt.Fprintf(w, "  ahead    %s (principal %s, priority %d, %d units, waiting since %s)\n",
-				a.RunID, orDash(a.Principal), a.Priority, a.Units, timestamp(a.Enqueued))
+			fmt.Fprintf(w, "  ahead    %s (principal %s, priority %d, %s, waiting since %s)\n",
+				a.RunID, orDash(a.Principal), a.Priority, plural(a.Units, "unit"), timestamp(a.Enqueued))
 		}
 		for _, h := range se.Holders {
 			fmt.Fprintf(w, "  holding  %s slot %d until %s\n", h.RunID, h.Slot, timestamp(h.Until))

@@ -19,6 +19,12 @@ import (
 // process leaves its entry.
 func queuedDB(t *testing.T) string {
 	t.Helper()
+	return queuedDBOf(t, 2)
+}
+
+// queuedDBOf is queuedDB with "heavy" waiting for units of gpu.
+func queuedDBOf(t *testing.T, units int) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "runs.db")
 	s, err := runlease.OpenSQLite(path)
 	require.NoError(t, err)
@@ -26,7 +32,7 @@ func queuedDB(t *testing.T) string {
 	_, err = runlease.ClaimSlots(ctx, s, "holder", []runlease.Scope{runlease.NamedScope("gpu", 4).Take(3)})
 	require.NoError(t, err)
 	now := time.Now().UnixMilli()
-	entry := `{"run":"heavy","waiter":"w1","fence":0,"seq":1,"principal":"team-a","weight":2,"priority":1,"units":2,"tag":0,"enq_ms":` +
+	entry := `{"run":"heavy","waiter":"w1","fence":0,"seq":1,"principal":"team-a","weight":2,"priority":1,"units":` + strconv.Itoa(units) + `,"tag":0,"enq_ms":` +
 		strconv.FormatInt(now-5000, 10) + `,"until_ms":` + strconv.FormatInt(now+600_000, 10) + `,"scopes":["gpu"]}`
 	key := fmt.Sprintf("%s3:gpu:%07d.%019d.%016d:heavy", runlease.QueuePrefix, runlease.MaxPriority-1, 0, now-5000)
 	ok, err := s.MetaCAS(ctx, key, nil, entry)
@@ -73,6 +79,15 @@ func TestExplainTellsWhyARunWaits(t *testing.T) {
 	} {
 		r := runCLI(t, bad...)
 		assert.Equal(t, exitUsage, r.code, "%v: %s", bad, r.stderr)
+	}
+}
+
+func TestExplainCountsUnitsInProperPlural(t *testing.T) {
+	t.Parallel()
+	for units, want := range map[int]string{1: "1 unit", 2: "2 units", 3: "3 units"} {
+		r := runCLI(t, "explain", "--db", queuedDBOf(t, units), "--limit", "gpu=4", "mine")
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Regexp(t, `(?m)^  ahead    heavy \(principal team-a, priority 1, `+want+`, waiting since \S+\)$`, r.stdout)
 	}
 }
 
