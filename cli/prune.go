@@ -13,12 +13,12 @@ import (
 
 const pruneHelp = `
 Prune removes lease rows that were released or expired, and slot rows,
-admission-queue entries and fair-share marks that expired, longer than
-DURATION ago. Live rows and corrupt rows are never removed, and each delete
-is conditional on the row read, so a lease taken (or a queue entry renewed)
-meanwhile stays. It lists the rows first, then asks for confirmation when
-stdin is a terminal (unless --yes; answering no exits 1); --dry-run only
-lists them.
+admission-queue rows (entries of waiters that died or stalled) and
+fair-share marks that expired, longer than DURATION ago. Live rows and
+corrupt rows are never removed, and each delete is conditional on the row
+read, so a lease taken (or a queue entry renewed) meanwhile stays. It lists
+what it would remove first, then asks for confirmation when stdin is a
+terminal (unless --yes; answering no exits 1); --dry-run only lists it.
 
 ` + fenceWarning + `
 
@@ -66,7 +66,7 @@ func (c *cli) prune(args []string) error {
 	var o pruneOpts
 	fs := c.newFlags("prune", "--older-than DURATION [flags]", pruneHelp)
 	c.registerStore(fs.FlagSet, &o.store)
-	fs.Var(&o.olderThan, "older-than", "required: remove rows that ended longer than `DURATION` ago")
+	fs.Var(&o.olderThan, "older-than", "required: remove rows and marks that ended longer than `DURATION` ago")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "list what would be removed; remove nothing")
 	fs.BoolVar(&o.yes, "yes", false, "do not ask for confirmation on a terminal")
 	pos, err := c.parse(fs, args)
@@ -110,10 +110,10 @@ func (c *cli) pruneStore(s *openedStore, o pruneOpts) error {
 		return err
 	}
 	if o.dryRun {
-		fmt.Fprintf(c.stdout, "\ndry run: %s would be removed; nothing was\n", rowCount(want))
+		fmt.Fprintf(c.stdout, "\nDry run: %s would be removed; nothing was changed.\n", prunedCount(want))
 		return nil
 	}
-	if !o.yes && !c.confirm(fmt.Sprintf("\nremove %s?", rowCount(want))) {
+	if !o.yes && !c.confirm(fmt.Sprintf("\nremove %s?", prunedCount(want))) {
 		return errAborted
 	}
 	// The instant of the listing, so that nothing the operator was not
@@ -121,7 +121,7 @@ func (c *cli) pruneStore(s *openedStore, o pruneOpts) error {
 	ctx, cancel = c.step(&o.store)
 	defer cancel()
 	got, err := runlease.Prune(ctx, s.s, o.olderThan.d, at(now))
-	fmt.Fprintf(c.stdout, "removed %s\n", rowCount(got))
+	fmt.Fprintf(c.stdout, "removed %s\n", prunedCount(got))
 	return err
 }
 
@@ -137,7 +137,7 @@ func (c *cli) listPrunable(ctx context.Context, s *openedStore, p runlease.Prune
 		byRun[l.RunID] = l
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "ROW\tNAME\tFENCE\tENDED")
+	fmt.Fprintln(tw, "KIND\tNAME\tFENCE\tENDED")
 	for _, id := range p.Leases {
 		l := byRun[id]
 		fmt.Fprintf(tw, "lease\t%s\t%d\t%s\n", id, l.Fence, expiresText(l, now))
@@ -148,20 +148,31 @@ func (c *cli) listPrunable(ctx context.Context, s *openedStore, p runlease.Prune
 	for _, key := range p.Queue {
 		kind := "queue"
 		if strings.HasPrefix(key, runlease.FairPrefix) {
-			kind = "fair mark"
+			kind = "fair-share mark"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t-\t-\n", kind, key)
 	}
 	return tw.Flush()
 }
 
-// rowCount says how many rows p holds, for people.
-func rowCount(p runlease.Pruned) string {
-	if len(p.Queue) == 0 {
-		return fmt.Sprintf("%s and %s", plural(len(p.Leases), "lease row"), plural(len(p.Slots), "slot row"))
+// prunedCount says how many rows and fair-share marks p holds, for people:
+// lease and slot rows always, queue rows and marks when there are any.
+func prunedCount(p runlease.Pruned) string {
+	marks := 0
+	for _, key := range p.Queue {
+		if strings.HasPrefix(key, runlease.FairPrefix) {
+			marks++
+		}
 	}
-	return fmt.Sprintf("%s, %s and %s", plural(len(p.Leases), "lease row"), plural(len(p.Slots), "slot row"),
-		plural(len(p.Queue), "queue row"))
+	parts := []string{plural(len(p.Leases), "lease row"), plural(len(p.Slots), "slot row")}
+	if n := len(p.Queue) - marks; n > 0 {
+		parts = append(parts, plural(n, "queue row"))
+	}
+	if marks > 0 {
+		parts = append(parts, plural(marks, "fair-share mark"))
+	}
+	last := len(parts) - 1
+	return strings.Join(parts[:last], ", ") + " and " + parts[last]
 }
 
 func plural(n int, noun string) string {

@@ -30,7 +30,7 @@ func TestPruneDryRunListsAndRemovesNothing(t *testing.T) {
 	require.Equal(t, exitOK, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "restarts at fence 1")
 	for _, re := range []string{
-		`(?m)^ROW\s+NAME\s+FENCE\s+ENDED$`,
+		`(?m)^KIND\s+NAME\s+FENCE\s+ENDED$`,
 		`(?m)^lease\s+expired-run\s+1\s+1h59m(\d+s)? ago$`,
 		`(?m)^lease\s+released-run\s+2\s+released 3h(\d+s)? ago$`,
 		`(?m)^slot\s+runslot:mem:1\s+-\s+-$`,
@@ -39,7 +39,8 @@ func TestPruneDryRunListsAndRemovesNothing(t *testing.T) {
 	}
 	assert.NotContains(t, r.stdout, runLive)
 	assert.NotContains(t, r.stdout, runCorrupt)
-	assert.Contains(t, r.stdout, "dry run: 2 lease rows and 1 slot row would be removed; nothing was")
+	assert.True(t, strings.HasSuffix(r.stdout, "\nDry run: 2 lease rows and 1 slot row would be removed; nothing was changed.\n"),
+		"the last line is a sentence:\n%s", r.stdout)
 	assert.Equal(t, before, storedKeys(t, path))
 }
 
@@ -113,4 +114,40 @@ func TestPruneRemovesQueueEntriesOfGoneWaiters(t *testing.T) {
 	require.Equal(t, exitOK, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "removed 2 lease rows, 1 slot row and 1 queue row")
 	assert.NotContains(t, storedKeys(t, path), "runqueue:3:mem:gone")
+}
+
+func TestPruneCallsFairShareMarksMarks(t *testing.T) {
+	t.Parallel()
+	path := newDB(t)
+	s, err := runlease.OpenSQLite(path)
+	require.NoError(t, err)
+	for key, value := range map[string]string{
+		"runqueue:3:mem:gone":  `{"run":"gone","waiter":"w","fence":0,"seq":1,"principal":"","weight":1,"priority":0,"units":1,"tag":0,"enq_ms":1,"until_ms":2,"scopes":["mem"]}`,
+		"runfair:3:mem:alice":  `{"finish":0,"until_ms":2}`,
+		"runfair:3:mem:bob":    `{"finish":0,"until_ms":2}`,
+		"runfair:3:gpu:carol":  `{"finish":0,"until_ms":2}`,
+		"runfair:3:gpu:nobody": `{"finish":0,"until_ms":2}`,
+	} {
+		_, err = s.MetaCAS(t.Context(), key, nil, value)
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.Close())
+
+	help := runCLI(t, "prune", "--help")
+	assert.Contains(t, help.stdout, "fair-share marks that expired")
+	assert.Regexp(t, `(?m)^  --older-than DURATION\s+required: remove rows and marks that ended`, help.stdout)
+
+	r := runCLI(t, "prune", "--older-than", "90m", "--dry-run", "--db", path)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.Regexp(t, `(?m)^fair-share mark\s+runfair:3:mem:alice\s+-\s+-$`, r.stdout)
+	assert.Regexp(t, `(?m)^queue\s+runqueue:3:mem:gone\s+-\s+-$`, r.stdout)
+	assert.True(t, strings.HasSuffix(r.stdout, "\nDry run: 2 lease rows, 1 slot row, 1 queue row and 4 fair-share marks "+
+		"would be removed; nothing was changed.\n"), r.stdout)
+
+	r = runCLI(t, "prune", "--older-than", "90m", "--yes", "--db", path)
+	require.Equal(t, exitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "removed 2 lease rows, 1 slot row, 1 queue row and 4 fair-share marks\n")
+	for _, key := range storedKeys(t, path) {
+		assert.NotContains(t, key, "runfair:")
+	}
 }
