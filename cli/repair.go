@@ -120,6 +120,7 @@ func (c *cli) repairLease(s *openedStore, runID string, o repairOpts) error {
 			"see \"runlease release --help\"", runlease.ErrInvalidArgument, runID, leaseState(info), info.Fence)
 	}
 	bound, known := fenceBound(info.Row)
+	refusal := checkFence(o, runID, bound, known)
 	tomb := fmt.Sprintf(`{"holder":"","fence":%d,"until_ms":%d}`, o.fence, now.UnixMilli())
 	tw := newTable(c.stdout)
 	fmt.Fprintf(tw, "run\t%s\n", runID)
@@ -130,17 +131,15 @@ func (c *cli) repairLease(s *openedStore, runID string, o repairOpts) error {
 	} else {
 		fmt.Fprintf(tw, "fence\tunknown: the row shows no whole fence\n")
 	}
-	fmt.Fprintf(tw, "tombstone\t%s\n", tomb)
+	// The row is shown either way, to find the fence by; the tombstone
+	// only when repair is going to write it.
+	if refusal == nil {
+		fmt.Fprintf(tw, "tombstone\t%s\n", tomb)
+	}
 	tw.Flush()
 	fmt.Fprintln(c.stdout)
-	switch {
-	case known && o.fence < bound:
-		return fmt.Errorf("%w: --fence %d is lower than fence %d, which the row shows; give --fence %d or higher",
-			runlease.ErrInvalidArgument, o.fence, bound, bound)
-	case !known && !o.fenceUnknown:
-		return fmt.Errorf("%w: the row shows no whole fence, so repair cannot check --fence %d: find the highest "+
-			"fence that outside systems saw for run %q, and give --fence at least that high with --fence-unknown",
-			runlease.ErrInvalidArgument, o.fence, runID)
+	if refusal != nil {
+		return refusal
 	}
 	if !o.yes && !c.confirm(fmt.Sprintf("replace the corrupt row of run %s by a released tombstone at fence %d?", runID, o.fence)) {
 		return errAborted
@@ -157,6 +156,22 @@ func (c *cli) repairLease(s *openedStore, runID string, o repairOpts) error {
 	}
 	fmt.Fprintf(c.stdout, "repaired run %s: released at fence %d; the next holder gets fence %d\n",
 		runID, o.fence, o.fence+1)
+	return nil
+}
+
+// checkFence refuses o.fence for the lease of runID when it is below the
+// bound that the row shows, or when no bound is known and the operator did
+// not say --fence-unknown.
+func checkFence(o repairOpts, runID string, bound uint64, known bool) error {
+	switch {
+	case known && o.fence < bound:
+		return fmt.Errorf("%w: --fence %d is lower than fence %d, which the row shows; give --fence %d or higher",
+			runlease.ErrInvalidArgument, o.fence, bound, bound)
+	case !known && !o.fenceUnknown:
+		return fmt.Errorf("%w: the row shows no whole fence, so repair cannot check --fence %d: find the highest "+
+			"fence that outside systems saw for run %q, and give --fence at least that high with --fence-unknown",
+			runlease.ErrInvalidArgument, o.fence, runID)
+	}
 	return nil
 }
 

@@ -95,6 +95,8 @@ func TestRepairRefusesAFenceBelowWhatTheRowShows(t *testing.T) {
 		r := runCLI(t, append([]string{"repair", "r1", "--db", path}, args...)...)
 		assert.Equal(t, exitUsage, r.code, r.stderr)
 		assert.Contains(t, r.stderr, "--fence 16 is lower than fence 17, which the row shows; give --fence 17 or higher")
+		assert.Regexp(t, `(?m)^fence\s+the row shows fence 17$`, r.stdout)
+		assert.NotContains(t, r.stdout, "tombstone", "no row it will not write")
 		assert.Equal(t, row, storedRow(t, path, runlease.LeasePrefix+"r1"), "nothing was written")
 	}
 }
@@ -109,10 +111,12 @@ func TestRepairWithoutAKnownFenceNeedsTheOperatorsWord(t *testing.T) {
 		assert.Regexp(t, `(?m)^fence\s+unknown: the row shows no whole fence$`, r.stdout)
 		assert.Contains(t, r.stderr, "the row shows no whole fence, so repair cannot check --fence 30")
 		assert.Contains(t, r.stderr, "--fence-unknown")
+		assert.NotContains(t, r.stdout, "tombstone", "no row it will not write")
 		assert.Equal(t, row, storedRow(t, path, runlease.LeasePrefix+run), "nothing was written")
 
 		r = runCLI(t, "repair", run, "--fence", "30", "--fence-unknown", "--db", path)
 		require.Equal(t, exitOK, r.code, r.stderr)
+		assert.Regexp(t, `(?m)^tombstone\s+\{"holder":"","fence":30,"until_ms":\d+\}$`, r.stdout)
 		assert.Regexp(t, `^\{"holder":"","fence":30,"until_ms":\d+\}$`, storedRow(t, path, runlease.LeasePrefix+run))
 	}
 }
