@@ -55,6 +55,9 @@ func (c *cli) demo(args []string) error {
 		return usagef("demo", "unexpected argument %q", pos[0])
 	}
 	keep := path != ""
+	if err := notDirectory("demo", path); keep && err != nil {
+		return err
+	}
 	if !keep {
 		dir, err := os.MkdirTemp("", "runlease-demo-")
 		if err != nil {

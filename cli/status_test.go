@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -242,4 +243,24 @@ func TestStatusUsageErrors(t *testing.T) {
 			assert.Empty(t, r.stdout)
 		})
 	}
+}
+
+func TestADirectoryGivenAsTheStoreIsNamedAsOne(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "runlease.db")
+	for _, args := range [][]string{
+		{"status"}, {"peek", "r1"}, {"explain", "r1", "--limit", "mem=1"}, {"release", "r1", "--force", "--yes"},
+		{"repair", "r1", "--fence", "2", "--yes"}, {"prune", "--older-than", "1h", "--yes"}, {"demo"},
+	} {
+		r := runCLI(t, append(args, "--db", dir)...)
+		assert.Equal(t, exitUsage, r.code, args)
+		assert.Equal(t, fmt.Sprintf("runlease: RUN-E001: %s: --db %q is a directory; --db names the store's file, "+
+			"such as %q (see runlease %[1]s --help)\n", args[0], dir, file), r.stderr, args)
+		assert.Empty(t, r.stdout, args)
+	}
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	r := runCLI(t, "status", "--db", dir)
+	assert.Equal(t, exitUsage, r.code)
+	assert.Contains(t, r.stderr, fmt.Sprintf("such as %q, which exists", file))
 }

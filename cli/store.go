@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -163,6 +164,11 @@ func (c *cli) open(fs *flag.FlagSet, sf *storeFlags, access storeAccess) (*opene
 	if err != nil {
 		return nil, err
 	}
+	if t.Kind == runlease.TargetSQLite {
+		if err := notDirectory(fs.Name(), t.Path); err != nil {
+			return nil, err
+		}
+	}
 	ctx, cancel := c.step(sf)
 	defer cancel()
 	var o *openedStore
@@ -287,6 +293,22 @@ func openSQLite(ctx context.Context, t runlease.Target) (*openedStore, error) {
 		return nil, err
 	}
 	return &openedStore{s: s, name: "sqlite:" + t.Path, close: s.Close}, nil
+}
+
+// notDirectory refuses a --db that names a directory, which SQLite would
+// refuse in terms of the file it expected there (its hard links), and says
+// which file to give instead.
+func notDirectory(cmd, path string) error {
+	st, err := os.Stat(path)
+	if err != nil || !st.IsDir() {
+		return nil
+	}
+	file := filepath.Join(path, defaultDB)
+	exists := ""
+	if st, err := os.Stat(file); err == nil && st.Mode().IsRegular() {
+		exists = ", which exists"
+	}
+	return usagef(cmd, "--db %q is a directory; --db names the store's file, such as %q%s", path, file, exists)
 }
 
 // at returns a clock option fixed at now, so that every row of one report
