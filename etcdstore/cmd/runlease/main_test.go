@@ -237,3 +237,19 @@ func TestEtcdFlagLeavesOtherStoresAlone(t *testing.T) {
 	assert.Contains(t, r.stdout, "--etcd ENDPOINTS")
 	assert.Contains(t, r.stdout, "$RUNLEASE_ETCD")
 }
+
+// TestVersionAndCompletionOfTheEtcdBuild checks that the binary built with
+// --etcd prints its module version and completes its etcd flags.
+func TestVersionAndCompletionOfTheEtcdBuild(t *testing.T) {
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		r := runCLI(t, args...)
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Regexp(t, `^runlease (v\d+\.\d+\.\d+\S*|\(devel\)) go\S+\n$`, r.stdout)
+	}
+	r := runCLI(t, "help")
+	assert.Regexp(t, `(?m)^  version\s+print the module version`, r.stdout)
+	assert.Regexp(t, `(?m)^  completion\s+print a bash or zsh script`, r.stdout)
+	r = runCLI(t, "completion", "bash")
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Regexp(t, `(?m)^\tstatus\) flags='.*--etcd --etcd-cacert --etcd-cert --etcd-key --etcd-prefix --etcd-user `, r.stdout)
+}
