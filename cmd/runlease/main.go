@@ -8,6 +8,9 @@
 //	runlease status --db runs.db
 //	runlease peek run-42 --postgres "$DSN"; echo $?   # 0 held, 3 free, 4 absent
 //	runlease repair run-7 --fence 18                  # a corrupt row: a tombstone at fence 18
+//	runlease status -o json                           # JSON for scripts, as --json
+//	source <(runlease completion bash)                # or zsh
+//	runlease version                                  # v0.1.0 after go install …@v0.1.0
 //
 // Run "runlease help" for the commands and "runlease <command> --help" for
 // each command's flags.
