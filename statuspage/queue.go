@@ -90,9 +90,9 @@ func explainRun(ctx context.Context, store runlease.Store, r *Reading, runID str
 	return e
 }
 
-// explainAll explains the first MaxExplained runs of r's queues, by run
-// id. It fails only when ctx ends: a run that cannot be explained says so
-// in its row.
+// explainAll explains, by run id, the first MaxExplained runs met in r's
+// queues (by scope name, then rank). It fails only when ctx ends: a run
+// that cannot be explained says so in its row.
 func explainAll(ctx context.Context, store runlease.Store, r *Reading, limits map[string]int) (map[string]explanation, error) {
 	out := map[string]explanation{}
 	for _, w := range r.Waiters {
