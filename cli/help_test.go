@@ -83,7 +83,8 @@ func TestSchemaPrintsTheDDL(t *testing.T) {
 func TestTopLevelUsageNamesTheStoreFlags(t *testing.T) {
 	t.Parallel()
 	r := runCLI(t, "help")
-	for _, flag := range []string{"--db PATH", "--postgres DSN", "--table NAME", "--timeout D"} {
+	assert.Contains(t, r.stdout, "\nThe store (status, peek, explain, release, repair, prune, serve):\n")
+	for _, flag := range []string{"--db PATH", "--postgres DSN", "--table NAME", "--timeout DURATION"} {
 		assert.Contains(t, r.stdout, flag)
 	}
 	r = runCLI(t, "status", "--help")

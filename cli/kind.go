@@ -12,9 +12,9 @@ import (
 // A StoreKind adds a kind of store to the command line beyond the embedded
 // and Postgres ones: a store of a module the core module does not depend
 // on, such as etcdstore's. A binary built with it gains a flag that names
-// such a store on every command that opens one (status, peek, serve,
-// release, repair, prune), and an environment variable read when no store
-// flag is given:
+// such a store on every command that opens one (status, peek, explain,
+// serve, release, repair, prune), and an environment variable read when no
+// store flag is given:
 //
 //	func main() { os.Exit(cli.Main(os.Args[1:], etcdKind)) }
 //

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 
 	"github.com/areev/runlease"
@@ -158,9 +159,15 @@ Commands:
 		fmt.Fprintf(tw, "  %s\t%s\n", cmd.name, cmd.summary)
 	}
 	tw.Flush()
-	fmt.Fprint(w, `
-The store (status, peek, serve, release, repair, prune):
-  --db PATH           the embedded SQLite store (default runlease.db)
+	sets := c.flagSets()
+	var withStore []string
+	for _, cmd := range commands {
+		if sets[cmd.name].Lookup("postgres") != nil {
+			withStore = append(withStore, cmd.name)
+		}
+	}
+	fmt.Fprintf(w, "\nThe store (%s):\n", strings.Join(withStore, ", "))
+	fmt.Fprint(w, `  --db PATH           the embedded SQLite store (default runlease.db)
   --postgres DSN      a shared Postgres store (default $RUNLEASE_POSTGRES): a
                       postgres:// URL or key=value pairs, as runlease.Open
                       reads them; table=NAME in the DSN names the table

@@ -1,7 +1,7 @@
 // Command runlease is the operator's tool of the core module
 // (github.com/areev/runlease/cmd/runlease) with one more store: an etcd
 // cluster, named by --etcd ENDPOINTS or $RUNLEASE_ETCD, for status, peek,
-// serve, release, repair and prune.
+// explain, serve, release, repair and prune.
 //
 //	go install github.com/areev/runlease/etcdstore/cmd/runlease@latest
 //	runlease status --etcd 10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379
