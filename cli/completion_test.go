@@ -124,10 +124,49 @@ func TestZshCompletionNamesEveryCommandAndFlag(t *testing.T) {
 	}
 	assert.Contains(t, r.stdout, "\tstatus) flags=(--db --json --limit --max -o --output ")
 	assert.Contains(t, r.stdout, "\t-o) compadd -- text json; return ;;")
-	if zsh, err := exec.LookPath("zsh"); err == nil {
-		out, err := exec.CommandContext(t.Context(), zsh, "-n", "-c", r.stdout).CombinedOutput()
-		assert.NoError(t, err, string(out))
+}
+
+func TestZshCompletionCompletesCommandsFlagsAndTheirWords(t *testing.T) {
+	t.Parallel()
+	zsh, err := exec.LookPath("zsh")
+	if err != nil {
+		t.Skip("no zsh here to run the completion script with")
 	}
+	r := runCLI(t, "completion", "zsh")
+	require.Equal(t, exitOK, r.code, r.stderr)
+	script := filepath.Join(t.TempDir(), "_runlease")
+	require.NoError(t, os.WriteFile(script, []byte(r.stdout), 0o600))
+	// compadd and _files stand in for zsh's completion system: they print
+	// what the script offers, before zsh would match it against PREFIX.
+	complete := func(prefix string, words ...string) []string {
+		prog := `compdef() { print -r -- "compdef $*" }
+compadd() { [[ $1 == -- ]] && shift; print -rl -- "$@" }
+_files() { print -r -- FILES }
+source "$1" || exit 1
+shift
+words=(runlease "$@") CURRENT=$(($# + 1)) PREFIX=$PREFIX_
+_runlease`
+		cmd := exec.CommandContext(t.Context(), zsh, append([]string{"-f", "-c", prog, "zsh", script}, words...)...)
+		cmd.Env = append(os.Environ(), "PREFIX_="+prefix)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, string(out))
+		return strings.Split(strings.TrimSpace(string(out)), "\n")
+	}
+	assert.Equal(t, "compdef _runlease runlease", complete("", "")[0], "sourced, it registers itself")
+	assert.Contains(t, complete("", ""), "explain")
+	assert.Contains(t, complete("--w", "status", "--w"), "--watch")
+	assert.Contains(t, complete("-", "peek", "r1", "-"), "-o")
+	assert.Equal(t, []string{"text", "json"}, complete("", "peek", "-o", "")[1:])
+	assert.Equal(t, []string{"live", "expired", "released", "corrupt"}, complete("", "status", "--state", "")[1:])
+	assert.Equal(t, []string{"bash", "zsh"}, complete("", "completion", "")[1:])
+	assert.Equal(t, []string{"FILES"}, complete("", "status", "--db", "")[1:])
+	assert.Equal(t, []string{"FILES"}, complete("", "peek", "")[1:])
+
+	// Installed as _runlease in a directory of $fpath, compinit finds it.
+	out, err := exec.CommandContext(t.Context(), zsh, "-f", "-c", `fpath=("$1" $fpath)
+autoload -U compinit && compinit -u -D && print -r -- "$_comps[runlease]"`, "zsh", filepath.Dir(script)).CombinedOutput()
+	require.NoError(t, err, string(out))
+	assert.Equal(t, "_runlease\n", string(out))
 }
 
 func TestCompletionRefusesAnUnknownShell(t *testing.T) {
