@@ -87,12 +87,15 @@ func (c *cli) flagSets() map[string]*cmdFlags {
 		probe := &cli{ctx: c.ctx, stdout: io.Discard, stderr: io.Discard, getenv: c.getenv,
 			isTerminal: c.isTerminal, kinds: c.kinds}
 		probe.flagsOnly = func(fs *cmdFlags) { sets[cmd.name] = fs }
-		cmd.run(probe, nil)
+		_ = cmd.run(probe, nil) // errFlagsOnly, once parse has the flag set
 	}
 	return sets
 }
 
+// choices are the words -o takes, for completion.
 func (o outputFlag) choices() []string { return []string{outputText, outputJSON} }
+
+// choices are the words --state takes, for completion.
 func (s statesFlag) choices() []string {
 	return []string{stateLive, stateExpired, stateReleased, stateCorrupt}
 }

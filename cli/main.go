@@ -162,7 +162,7 @@ Commands:
 	sets := c.flagSets()
 	var withStore []string
 	for _, cmd := range commands {
-		if sets[cmd.name].Lookup("postgres") != nil {
+		if fs := sets[cmd.name]; fs != nil && fs.Lookup("postgres") != nil {
 			withStore = append(withStore, cmd.name)
 		}
 	}
