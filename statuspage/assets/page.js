@@ -7,6 +7,8 @@
   const body = document.body;
   const query = body.dataset.query;
   const url = "page.json" + (query ? "?" + query : "");
+  const params = new URLSearchParams(query);
+  const filtered = params.has("state") || params.has("run");
   const refresh = document.getElementById("refresh");
   let lastOK = null;
 
@@ -178,7 +180,7 @@
     document.getElementById("now").textContent = at(p.now);
     const leases = p.leases.map(l => leaseRow(l, p.force_release));
     document.querySelector("#leases tbody").replaceChildren(
-      ...(leases.length ? leases : [empty(7, query ? "no leases match these filters" : "no leases")]));
+      ...(leases.length ? leases : [empty(7, filtered ? "no leases match these filters" : "no leases")]));
     const scopes = p.scopes.map(scopeRow);
     document.querySelector("#scopes tbody").replaceChildren(
       ...(scopes.length ? scopes : [empty(4, "no slots held")]));
