@@ -163,10 +163,10 @@ func whyText(se runlease.ScopeExplanation) Why {
 	free := max(0, se.Limit-se.Used)
 	switch se.BlockedBy {
 	case "capacity":
-		return Why{"capacity", "capacity: " + strconv.Itoa(se.Used) + " of " + strconv.Itoa(se.Limit) +
-			" units in use, " + strconv.Itoa(free) + " free; it asks " + strconv.Itoa(se.Units)}
+		return Why{"capacity", "capacity: " + strconv.Itoa(se.Used) + " of " + plural(se.Limit, "unit") +
+			" in use, " + strconv.Itoa(free) + " free; it asks " + strconv.Itoa(se.Units)}
 	case "order":
-		return Why{"order", "order: " + strconv.Itoa(free) + " of " + strconv.Itoa(se.Limit) + " units free, " +
+		return Why{"order", "order: " + strconv.Itoa(free) + " of " + plural(se.Limit, "unit") + " free, " +
 			strconv.Itoa(se.Reserved) + " reserved by the " + plural(se.Position, "waiter") + " ahead; it asks " +
 			strconv.Itoa(se.Units)}
 	case "":
