@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/statuspage"
 )
 
 const statusHelp = `
@@ -121,15 +122,10 @@ type leaseFilter struct {
 // apply returns the leases that f keeps, and how many more matched than
 // --max lets through.
 func (f leaseFilter) apply(leases []runlease.LeaseInfo) (kept []runlease.LeaseInfo, omitted int) {
-	for _, l := range leases {
-		if (len(f.states) == 0 || f.states[leaseState(l)]) && strings.HasPrefix(l.RunID, f.prefix) {
-			kept = append(kept, l)
-		}
-	}
-	if f.max > 0 && len(kept) > f.max {
-		return kept[:f.max], len(kept) - f.max
-	}
-	return kept, 0
+	// The status page's filter, so that status.json and status --json
+	// choose the same leases.
+	kept, matched := statuspage.Filter{States: f.states, Run: f.prefix, Max: f.max}.Apply(leases)
+	return kept, matched - len(kept)
 }
 
 // active reports whether f leaves any lease out.
