@@ -70,6 +70,10 @@ func TestSimulation(t *testing.T) {
 	for i := range n {
 		seeds = append(seeds, uint64(i)+1)
 	}
+	// A quarter as many again hand slots to running keepers.
+	for i := range max(n/4, 1) {
+		seeds = append(seeds, (uint64(i)+1)|simHandOvers)
+	}
 	failed := 0
 	for _, seed := range seeds {
 		if !runSchedule(t, seed, false) {
@@ -105,6 +109,17 @@ func committedSeeds(t *testing.T) []uint64 {
 	}
 	return seeds
 }
+
+// simHandOvers is the bit of a seed whose schedule also hands slots to
+// running keepers (Keeper.KeepSlots, KeepSlotsStrict) and waits for slots
+// under them (Keeper.ClaimSlotsWait). Schedules without it draw as they
+// did before those calls existed, so the committed seeds replay as they
+// were found.
+const simHandOvers = 1 << 62
+
+// simLeaveTimeout is how long a wait for slots may spend leaving its
+// queues after its context ended (leaveTimeout, CONCURRENCY.md rule 9).
+const simLeaveTimeout = 2 * time.Second
 
 // simBound is how long after its context ends (or, for Stop, after it is
 // called) a call may still run.
@@ -187,9 +202,11 @@ type world struct {
 	rng     *rand.Rand
 	store   *simstore.Store
 	renewer *runlease.Renewer
-	cancel  context.CancelFunc
-	ctx     context.Context
-	seq     int
+	// handOvers: the schedule hands slots to running keepers too.
+	handOvers bool
+	cancel    context.CancelFunc
+	ctx       context.Context
+	seq       int
 
 	mu         sync.Mutex
 	held       map[string]*heldRun // by holder + run
@@ -208,7 +225,8 @@ type heldRun struct {
 	keepers     []*runlease.Keeper
 	work        []context.Context // each keeper's work context, taken at once as drivers do
 	slots       *runlease.Slots
-	released    bool // the driver called Release: ErrReleased is its own doing
+	waited      []*runlease.Slots // admitted by a wait under a keeper while slots was set
+	released    bool              // the driver called Release: ErrReleased is its own doing
 }
 
 type flight struct {
@@ -218,7 +236,7 @@ type flight struct {
 
 func newWorld(t *testing.T, seed uint64) *world {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &world{
+	return &world{handOvers: seed&simHandOvers != 0,
 		t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		store: simstore.New(seed, simstore.Rates{NotApplied: 5, AppliedUnknown: 6,
 			NotAppliedUnknown: 6, Hang: 2, ReadFail: 8}),
@@ -242,10 +260,16 @@ func (w *world) violate(format string, a ...any) {
 // launch runs fn on a goroutine of its own with a context that ends after
 // timeout, and watches that it returns within simBound of that.
 func (w *world) launch(what string, timeout time.Duration, fn func(ctx context.Context)) {
+	w.launchBounded(what, timeout, 0, fn)
+}
+
+// launchBounded is launch for a call that may run extra longer after its
+// context ended, as its contract says.
+func (w *world) launchBounded(what string, timeout, extra time.Duration, fn func(ctx context.Context)) {
 	w.mu.Lock()
 	w.seq++
 	id := w.seq
-	w.flights[id] = &flight{what: what, deadline: time.Now().Add(timeout + simBound)}
+	w.flights[id] = &flight{what: what, deadline: time.Now().Add(timeout + extra + simBound)}
 	w.mu.Unlock()
 	go func() {
 		ctx, cancel := context.WithTimeout(w.ctx, timeout)
@@ -289,6 +313,8 @@ func (w *world) step() {
 	}
 	run := h.run
 	switch {
+	case w.handOvers && n < 48 && len(h.keepers) > 0:
+		w.handOver(h)
 	case n < 52 && len(h.keepers) < 2:
 		w.keep(h)
 	case n < 62:
@@ -427,6 +453,53 @@ func (w *world) keep(h *heldRun) {
 	}
 }
 
+// handOver gives a running keeper of h the run's slots, kept strictly or
+// not, or, when the driver holds none, waits for a slot under the keeper.
+func (w *world) handOver(h *heldRun) {
+	w.mu.Lock()
+	k, slots := h.keepers[w.rng.IntN(len(h.keepers))], h.slots
+	w.mu.Unlock()
+	if slots != nil {
+		strict := w.rng.IntN(2) == 0
+		var err error
+		if strict {
+			err = k.KeepSlotsStrict(slots)
+		} else {
+			err = k.KeepSlots(slots)
+		}
+		w.logf("hand over %s/%s strict=%v: %v", h.holder, h.run, strict, err)
+		switch {
+		case err == nil:
+			if k.Slots() != slots {
+				w.violate("KeepSlots of %s/%s returned nil, but the keeper keeps %p, not %p", h.holder, h.run, k.Slots(), slots)
+			}
+		case errors.Is(err, runlease.ErrInvalidArgument), strict && errors.Is(err, runlease.ErrSlotLost) && k.Slots() != slots:
+			// keeps other slots, or the claim is no longer whole
+		case err != k.Err():
+			w.violate("KeepSlots of %s/%s refused with %v, not the keeper's reason %v", h.holder, h.run, err, k.Err())
+		}
+		return
+	}
+	w.launchBounded("wait "+h.run, 3*time.Second, simLeaveTimeout, func(ctx context.Context) {
+		s, err := k.ClaimSlotsWait(ctx, []runlease.Scope{runlease.MemScope(1)})
+		w.logf("wait under a keeper %s/%s: %v", h.holder, h.run, err)
+		if err != nil {
+			w.checkLoss(h, "Keeper.ClaimSlotsWait", err)
+			return
+		}
+		if k.Slots() != s {
+			w.violate("Keeper.ClaimSlotsWait of %s/%s returned slots its keeper does not keep", h.holder, h.run)
+		}
+		w.mu.Lock()
+		if h.slots == nil {
+			h.slots = s
+		} else {
+			h.waited = append(h.waited, s)
+		}
+		w.mu.Unlock()
+	})
+}
+
 func (w *world) write(h *heldRun) {
 	if h.lease == nil {
 		return
@@ -454,7 +527,7 @@ func (w *world) release(h *heldRun) {
 		// A claim launched before may still set h.slots: read it, and
 		// the keepers, under the lock the claim writes them under.
 		w.mu.Lock()
-		slots, keepers := h.slots, h.keepers
+		slots, keepers, waited := h.slots, h.keepers, slices.Clone(h.waited)
 		w.mu.Unlock()
 		var err error
 		if len(keepers) > 0 {
@@ -464,6 +537,9 @@ func (w *world) release(h *heldRun) {
 		}
 		if slots != nil {
 			_ = slots.Release(ctx) // a no-op when the keeper released them
+		}
+		for _, s := range waited {
+			_ = s.Release(ctx)
 		}
 		w.logf("release %s/%s: %v", h.holder, h.run, err)
 		w.checkLoss(h, "Release", err)
@@ -602,6 +678,14 @@ func (w *world) check() {
 		if h.slots != nil && trusted {
 			w.checkBeliever(h.slots, nowMS, believers)
 		}
+		if trusted {
+			w.mu.Lock()
+			waited := slices.Clone(h.waited)
+			w.mu.Unlock()
+			for _, s := range waited {
+				w.checkBeliever(s, nowMS, believers)
+			}
+		}
 	}
 	for _, s := range plain {
 		w.checkBeliever(s, nowMS, believers)
@@ -644,7 +728,11 @@ func (w *world) cleanup() {
 	}
 	w.renewer.Close()
 	// Every call returns within simBound of its context's end (an
-	// acquisition may spend part of it releasing what it wrote).
+	// acquisition may spend part of it releasing what it wrote), and a
+	// wait for slots within simLeaveTimeout more.
+	if w.handOvers {
+		time.Sleep(simLeaveTimeout)
+	}
 	time.Sleep(simBound)
 	synctest.Wait()
 }
