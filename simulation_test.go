@@ -43,7 +43,9 @@ import (
 // that order shows in some replays only: repeat them with -count.
 // RUNLEASE_SIM_SCHEDULES sets how many run (default 10,000,
 // or 2,000 under the race detector, or simShortRandomSchedules under
-// -short); the seeds in testdata/sim/seeds.txt always run.
+// -short), and a quarter as many again whose seeds carry simHandOvers,
+// which also hand slots to running keepers and wait for slots under them;
+// the seeds in testdata/sim/seeds.txt always run.
 func TestSimulation(t *testing.T) {
 	if s := os.Getenv("RUNLEASE_SIM_SEED"); s != "" {
 		seed, err := strconv.ParseUint(s, 10, 64)
