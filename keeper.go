@@ -373,6 +373,9 @@ var errKeeperEnded = errors.New("keeper ended")
 // keeper's Err when the keeper has ended, and with [ErrInvalidArgument]
 // when it keeps slots already.
 //
+// With no scopes it returns an empty Slots at once, which the keeper does
+// not take: it stays free to keep the slots of a later call.
+//
 // It takes the options of Lease.ClaimSlotsWait. The slots are kept as
 // Keeper.KeepSlots keeps them; for a hard limit, wait with
 // Lease.ClaimSlotsWait on the keeper's Context, then hand the slots over
@@ -397,6 +400,11 @@ func (k *Keeper) ClaimSlotsWait(ctx context.Context, scopes []Scope, opts ...Opt
 			return nil, kerr
 		}
 		return nil, err
+	}
+	if len(scopes) == 0 {
+		// Nothing claimed, nothing to keep: the keeper stays free to
+		// take the slots of a later call.
+		return s, nil
 	}
 	if err := k.KeepSlots(s); err != nil {
 		// Admitted as the keeper ended (or another call handed it

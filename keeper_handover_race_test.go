@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/pgtest"
 )
 
 // Races of a running keeper taking slots over (Keeper.KeepSlots,
@@ -300,12 +301,6 @@ func TestKeeperReleaseRacesAHandOver(t *testing.T) {
 	t.Parallel()
 	for _, st := range slotStores {
 		for _, how := range []string{"KeepSlots", "KeepSlotsStrict", "ClaimSlotsWait"} {
-			if st.name == "postgres" && how == "ClaimSlotsWait" {
-				// Not yet: on Postgres an admission cut short by the
-				// keeper's end may commit after the wait's clean-up
-				// looked for its rows, leaving them live until their TTL.
-				continue
-			}
 			t.Run(st.name+"/"+how, func(t *testing.T) {
 				t.Parallel()
 				s := st.open(t)
@@ -696,4 +691,87 @@ func TestAStrictlyHandedOverKeeperEndsOnceAndSaysWhy(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestKeeperReleaseRacesClaimSlotsWaitOnPostgres releases a keeper while
+// its ClaimSlotsWait is being admitted: whatever the order, the run must
+// hold no slot once both calls returned. The keeper's end cuts the
+// admission's write short, which the server may still commit after the
+// wait's clean-up first looked for its rows.
+func TestKeeperReleaseRacesClaimSlotsWaitOnPostgres(t *testing.T) {
+	s := pgStore(t, pgtest.Pool(t))
+	ctx := t.Context()
+	for round := range 60 {
+		run := fmt.Sprintf("r%d", round)
+		k := hoKept(t, ctx, s, run)
+		scopes := []runlease.Scope{runlease.NamedScope(fmt.Sprintf("h%d", round), 1)}
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+			require.NoError(t, k.Release(ctx))
+		})
+		got, err := k.ClaimSlotsWait(ctx, scopes, runlease.WithWaitPoll(runlease.MinWaitPoll))
+		wg.Wait()
+		if err == nil {
+			require.Empty(t, got.Held(), "round %d", round)
+		}
+		require.Empty(t, hoLive(t, s, run), "round %d: slots admitted as the keeper was released were left live: %v", round, err)
+		require.Empty(t, hoRunQueued(t, s, run), "round %d", round)
+	}
+}
+
+// TestHandOverAtTheLeasesDueInstant hands slots to a keeper just as its
+// lease falls due, on a store slow to answer: slots with less trust left
+// than the lease are renewed at once, not after the lease's write.
+func TestHandOverAtTheLeasesDueInstant(t *testing.T) {
+	t.Parallel()
+	for i := range 16 {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				start := time.Now()
+				s := &slowReplies{SQLiteStore: bubbleStore(t), delay: 400 * time.Millisecond}
+				ctx := t.Context()
+				ev := &events{}
+				l, err := runlease.Acquire(ctx, s, "r", "A", runlease.WithTTL(runlease.MinTTL), runlease.WithHooks(ev.hooks()))
+				require.NoError(t, err)
+				k, err := runlease.Keep(ctx, l, runlease.KeepInterval(2*time.Second))
+				require.NoError(t, err)
+				time.Sleep(time.Until(start.Add(600 * time.Millisecond)))
+				sl, err := l.ClaimSlots(ctx, []runlease.Scope{runlease.MemScope(1)})
+				require.NoError(t, err)
+				time.Sleep(time.Until(start.Add(4 * time.Second)))
+				leaseFrom := k.TrustedUntil().Add(-4500 * time.Millisecond)
+				due := leaseFrom.Add(2 * time.Second)
+				time.Sleep(time.Until(due))
+				require.NoError(t, k.KeepSlots(sl))
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				require.NoError(t, k.Err())
+				ev.mu.Lock()
+				lost := ev.slots
+				ev.mu.Unlock()
+				require.Empty(t, lost, "a slot handed over with trust to spare was lost while its keeper ran")
+				require.Len(t, sl.Held(), 1)
+				k.Stop()
+			})
+		})
+	}
+}
+
+// TestKeeperClaimSlotsWaitForNoScopesTakesNothing: a wait for no scope
+// returns an empty Slots the keeper does not take, so a later call can
+// still hand it slots.
+func TestKeeperClaimSlotsWaitForNoScopesTakesNothing(t *testing.T) {
+	s := newSQLite(t)
+	ctx := t.Context()
+	k := hoKept(t, ctx, s, "r")
+	empty, err := k.ClaimSlotsWait(ctx, nil)
+	require.NoError(t, err)
+	require.Empty(t, empty.Held())
+	require.Nil(t, k.Slots(), "the keeper took slots that hold nothing")
+	got, err := k.ClaimSlotsWait(ctx, []runlease.Scope{runlease.MemScope(1)})
+	require.NoError(t, err)
+	require.Same(t, got, k.Slots())
+	require.NoError(t, k.Release(ctx))
 }

@@ -767,16 +767,35 @@ func (w *waiter) virtualTimeConds(states []*scopeState, rank *queueEntry) []Cond
 // freePending deletes the slots of an admission whose outcome was not
 // known, where they hold the rows it sent, with a context of its own.
 func (w *waiter) freePending(ctx context.Context) {
-	w.free(ctx, w.pending)
+	w.free(ctx, w.pending, true)
 	w.pending = nil
 }
 
+// errNotFreed is why a slot of an admission in doubt that landed after its
+// delete looked, and could not be deleted then, is remembered as an orphan.
+var errNotFreed = errors.New("the slot's row could not be deleted")
+
 // free deletes held, where each slot still holds the row sent for it; a
 // row it cannot delete is remembered as trusted by no Slots
-// (slots_orphans.go).
-func (w *waiter) free(ctx context.Context, held []*heldSlot) {
+// (slots_orphans.go). inDoubt says the admission's outcome is unknown: it
+// may still land after the delete looked (a write cut short still runs on
+// the server), so a delete that found nothing reads the key, which waits
+// for such a write where the store can tell (the Postgres store waits
+// while a backend of a write in doubt still runs), and deletes the row it
+// finds sent.
+func (w *waiter) free(ctx context.Context, held []*heldSlot, inDoubt bool) {
 	for _, h := range held {
-		if _, err := deleteRinging(ctx, w.s.store, h.key, h.seen, h.scope); err != nil {
+		deleted, err := deleteRinging(ctx, w.s.store, h.key, h.seen, h.scope)
+		if err == nil && !deleted && inDoubt {
+			var v string
+			var ok bool
+			if v, ok, err = w.s.store.MetaGet(ctx, h.key); err == nil && ok && v == h.seen {
+				if deleted, err = deleteRinging(ctx, w.s.store, h.key, h.seen, h.scope); err == nil && !deleted {
+					err = errNotFreed
+				}
+			}
+		}
+		if err != nil {
 			w.s.gaveUp([]*heldSlot{h})
 		}
 	}
@@ -786,7 +805,7 @@ func (w *waiter) free(ctx context.Context, held []*heldSlot) {
 // wait's own context: when that ends first, the slots are left to the
 // clean-up of the failed wait (freePending), within its one bound.
 func (w *waiter) giveBack(ctx context.Context, held []*heldSlot) {
-	w.free(ctx, held)
+	w.free(ctx, held, false)
 	if ctx.Err() != nil {
 		w.pending = held
 	}

@@ -316,9 +316,12 @@ func (r *Renewer) lookLocked(k *Keeper, now time.Time, d *dueRenewals) (report, 
 			// In flight: look again when the slots' trust window ends
 			// (below), whether or not the store ever answers the
 			// renewal, so a strict keeper ends in time.
-		case leaseNow:
+		case leaseNow && (now.Before(due) || !trustEnd.Before(next)):
 			// Renew the slots right after the lease, in the same job,
-			// so that they stay in step with it.
+			// so that they stay in step with it: unless they are due
+			// already and their trust ends before the lease's (slots
+			// handed to the keeper as the lease fell due), when waiting
+			// for the lease's write could let them lapse.
 			d.chained = append(d.chained, k)
 		case !now.Before(due):
 			d.slots = append(d.slots, k)
