@@ -43,7 +43,8 @@
 // lease is live; [AcquireWait] waits for it to be released or to expire. The
 // [Lease] it returns has a fence ([Lease.Fence]) to hand to systems outside
 // the store, and is renewed by hand with [Lease.Renew] or in the background
-// by a keeper.
+// by a keeper. [WithTTL] sets how long it holds without renewal, between
+// [MinTTL] (5 s) and [MaxTTL] (24 h); the default is [DefaultTTL].
 //
 //	lease, err := runlease.Acquire(ctx, store, "run-42", runlease.HolderFor("billing", ""),
 //		runlease.WithTTL(30*time.Second))
@@ -79,7 +80,7 @@
 //	keeper, err := runlease.Keep(ctx, lease, runlease.KeepSlots(slots))
 //	if err != nil { … }
 //	defer keeper.Release(context.WithoutCancel(ctx))
-//	for step := range steps {
+//	for _, step := range steps {
 //		if err := step.Run(keeper.Context(), lease.Fence()); err != nil { return err }
 //	}
 //

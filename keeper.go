@@ -510,7 +510,9 @@ func (k *Keeper) Stop() {
 // succeeds on a lease released by an operator. A lease this driver released
 // itself (with [Lease.Release]) is not lost: releasing it again succeeds.
 // Each release waits for a write of its lease or slots in flight, or for
-// ctx. Release may be called from one of the keeper's hooks (see Stop).
+// ctx. Afterwards the keeper's Err is [ErrKeeperStopped] (RUN-E024), unless
+// it had ended before for another reason. Release may be called from one
+// of the keeper's hooks (see Stop).
 func (k *Keeper) Release(ctx context.Context) error {
 	lost := k.lease.lostToOthers()
 	k.Stop()

@@ -46,7 +46,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 // Release gives the lease up, so the next driver can start at once rather
 // than after the TTL. The row is kept as a released tombstone with the same
 // fence, so the next acquisition continues above it, and the lease's
-// keepers end with [ErrReleased].
+// keepers end with [ErrKeeperStopped] (RUN-E024): stopped, not lost.
 //
 // Release is conditional on the row this lease last wrote: a driver whose
 // lease was taken over leaves the new holder's lease untouched and gets a
