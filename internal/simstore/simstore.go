@@ -8,6 +8,16 @@
 // store in a different order in a replay still meet the same faults. The
 // store records what the simulation's checkers need: every value a write
 // applied, and any fence that went backwards.
+//
+// A write may also apply late ([Late], [HangLate]), as a server may run a
+// call its client gave up on (its context ended, its connection was cut)
+// and commit it after the client saw an outcome-unknown fault, and after
+// the client's clean-up looked for the row. The store then does what the
+// Postgres store does for a key in doubt (store_postgres_doubt.go): a
+// MetaGet of a key such a write covers waits until the write has applied
+// or been refused, so that a caller reading a key after a write of unknown
+// outcome sees the write's final outcome. Scans and writes do not wait, as
+// they do not there.
 package simstore
 
 import (
@@ -15,6 +25,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -32,17 +43,28 @@ const (
 	AppliedUnknown                   // applied as the condition says, reply lost
 	NotAppliedUnknown                // not applied, reply lost: the caller cannot tell
 	Hang                             // blocks until the call's context ends, then not applied, unknown
+	// Late is not applied now, reply lost: the write applies a little
+	// later, as its condition says then (a server running a call whose
+	// connection was cut). A MetaGet of a key it writes waits for it.
+	Late
+	// HangLate blocks until the call's context ends, returns unknown, and
+	// then applies a little later, as Late does (a server running a call
+	// its client gave up on).
+	HangLate
 	numOutcomes
 )
 
-var outcomeNames = [...]string{"ok", "not-applied", "applied-unknown", "not-applied-unknown", "hang"}
+var outcomeNames = [...]string{"ok", "not-applied", "applied-unknown", "not-applied-unknown", "hang", "late", "hang-late"}
 
 func (o Outcome) String() string { return outcomeNames[o] }
 
-// Rates sets, in percent, how often each fault happens.
+// Rates sets, in percent, how often each fault happens. The write faults
+// are drawn in the order of the fields, so that rates of Late and HangLate
+// of 0 leave every other outcome as it was without them.
 type Rates struct {
 	NotApplied, AppliedUnknown, NotAppliedUnknown, Hang int // of writes
 	ReadFail                                            int // of reads
+	Late, HangLate                                      int // of writes
 }
 
 // Store is the simulated store. It is safe for concurrent use.
@@ -60,13 +82,16 @@ type Store struct {
 	trace   []string
 	subs    map[string][]chan struct{}
 	rowSubs map[string][]chan string
+	// lates holds, per key, a channel for each write of the key that is
+	// to apply late, closed once it has applied or been refused.
+	lates map[string][]chan struct{}
 }
 
 // New returns an empty store whose faults follow seed and rates.
 func New(seed uint64, rates Rates) *Store {
 	return &Store{seed: seed, rates: rates, rows: map[string]string{}, calls: map[string]int{},
 		applied: map[string]bool{}, subs: map[string][]chan struct{}{},
-		rowSubs: map[string][]chan string{}, faulty: true}
+		rowSubs: map[string][]chan string{}, lates: map[string][]chan struct{}{}, faulty: true}
 }
 
 // SetFaulty turns fault injection on or off.
@@ -141,7 +166,8 @@ func (s *Store) pick(op string, parts ...string) Outcome {
 	for _, c := range []struct {
 		o    Outcome
 		rate int
-	}{{NotApplied, r.NotApplied}, {AppliedUnknown, r.AppliedUnknown}, {NotAppliedUnknown, r.NotAppliedUnknown}, {Hang, r.Hang}} {
+	}{{NotApplied, r.NotApplied}, {AppliedUnknown, r.AppliedUnknown}, {NotAppliedUnknown, r.NotAppliedUnknown}, {Hang, r.Hang},
+		{Late, r.Late}, {HangLate, r.HangLate}} {
 		if n < c.rate {
 			return c.o
 		}
@@ -168,19 +194,91 @@ func fault(op, key string, unknown bool, err error) error {
 
 var errInjected = fmt.Errorf("injected fault")
 
-// finish turns an outcome into the call's result. applied says whether the
-// write was applied; ok is its result.
-func finish(ctx context.Context, op, key string, o Outcome, ok bool) (bool, error) {
+// finish turns an outcome into the call's result; ok is the write's result
+// when it applied. lw is the write to apply late, for Late and HangLate:
+// from the moment the call returns, as a server may run a call whose
+// client has given it up.
+func (s *Store) finish(ctx context.Context, op, key string, o Outcome, ok bool, lw *lateWrite) (bool, error) {
 	switch o {
 	case NotApplied:
 		return false, fault(op, key, false, errInjected)
 	case AppliedUnknown, NotAppliedUnknown:
 		return false, fault(op, key, true, errInjected)
-	case Hang:
+	case Late:
+		s.late(lw)
+		return false, fault(op, key, true, errInjected)
+	case Hang, HangLate:
 		<-ctx.Done()
+		if o == HangLate {
+			s.late(lw)
+		}
 		return false, fault(op, key, true, ctx.Err())
 	}
 	return ok, nil
+}
+
+// lateWrite is a write that applies late: op and parts name it (and draw
+// its delay), keys are the keys it writes, apply applies it as its
+// condition then says, under s.mu, and says what it did.
+type lateWrite struct {
+	op          string
+	keys, parts []string
+	apply       func() string
+}
+
+// late applies lw a little later, after a delay drawn from the seed and
+// the write (1 to 8 ms), and makes a MetaGet of its keys wait until it has
+// applied or been refused.
+func (s *Store) late(lw *lateWrite) {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d\x00late\x00%s\x00%s", s.seed, lw.op, strings.Join(lw.parts, "\x00"))
+	delay := time.Duration(1+h.Sum64()%8) * time.Millisecond
+	done := make(chan struct{})
+	s.mu.Lock()
+	for _, k := range lw.keys {
+		s.lates[k] = append(s.lates[k], done)
+	}
+	s.logf("%s %v: to apply in %v", lw.op, lw.parts, delay)
+	s.mu.Unlock()
+	go func() {
+		time.Sleep(delay)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.logf("late %s %v: %s", lw.op, lw.parts, lw.apply())
+		for _, k := range lw.keys {
+			chans := s.lates[k]
+			for i, c := range chans {
+				if c == done {
+					chans = append(chans[:i:i], chans[i+1:]...)
+					break
+				}
+			}
+			if len(chans) == 0 {
+				delete(s.lates, k)
+			} else {
+				s.lates[k] = chans
+			}
+		}
+		close(done)
+	}()
+}
+
+// awaitLate waits until no write that is to apply late covers key, or ctx
+// ends.
+func (s *Store) awaitLate(ctx context.Context, key string) error {
+	for {
+		s.mu.Lock()
+		chans := s.lates[key]
+		s.mu.Unlock()
+		if len(chans) == 0 {
+			return nil
+		}
+		select {
+		case <-chans[0]:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // put stores value at key, recording it and checking the fence. s.mu is
@@ -233,6 +331,9 @@ func (s *Store) MetaGet(ctx context.Context, key string) (string, bool, error) {
 	if s.readFails("get", key) {
 		return "", false, fault("MetaGet", key, false, errInjected)
 	}
+	if err := s.awaitLate(ctx, key); err != nil {
+		return "", false, fault("MetaGet", key, false, err)
+	}
 	v, ok := s.Row(key)
 	return v, ok, nil
 }
@@ -262,17 +363,24 @@ func (s *Store) MetaCAS(ctx context.Context, key string, expected *string, value
 	if err := ctx.Err(); err != nil {
 		return false, fault("MetaCAS", key, false, err)
 	}
+	expected = cloneStr(expected) // the bytes sent, whatever the caller does with its own
+	apply := func() bool {
+		ok := s.matches(key, expected)
+		if ok {
+			s.put(key, value)
+		}
+		return ok
+	}
 	s.mu.Lock()
 	o := s.pick("cas", key, value)
 	ok := false
 	if o == OK || o == AppliedUnknown {
-		if ok = s.matches(key, expected); ok {
-			s.put(key, value)
-		}
+		ok = apply()
 	}
 	s.logf("cas %s -> %s: %v %v", key, value, o, ok)
 	s.mu.Unlock()
-	return finish(ctx, "MetaCAS", key, o, ok)
+	return s.finish(ctx, "MetaCAS", key, o, ok, &lateWrite{op: "cas", keys: []string{key}, parts: []string{key, value},
+		apply: func() string { return fmt.Sprint("applied ", apply()) }})
 }
 
 // MetaDelete implements runlease.Store.
@@ -280,17 +388,23 @@ func (s *Store) MetaDelete(ctx context.Context, key, expected string) (bool, err
 	if err := ctx.Err(); err != nil {
 		return false, fault("MetaDelete", key, false, err)
 	}
+	apply := func() bool {
+		ok := s.matches(key, &expected)
+		if ok {
+			delete(s.rows, key)
+		}
+		return ok
+	}
 	s.mu.Lock()
 	o := s.pick("del", key, expected)
 	ok := false
 	if o == OK || o == AppliedUnknown {
-		if ok = s.matches(key, &expected); ok {
-			delete(s.rows, key)
-		}
+		ok = apply()
 	}
 	s.logf("del %s: %v %v", key, o, ok)
 	s.mu.Unlock()
-	return finish(ctx, "MetaDelete", key, o, ok)
+	return s.finish(ctx, "MetaDelete", key, o, ok, &lateWrite{op: "del", keys: []string{key}, parts: []string{key, expected},
+		apply: func() string { return fmt.Sprint("applied ", apply()) }})
 }
 
 // MetaBatch implements runlease.Batcher.
@@ -301,31 +415,40 @@ func (s *Store) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runl
 	if err := ctx.Err(); err != nil {
 		return false, fault("MetaBatch", "", false, err)
 	}
-	s.mu.Lock()
-	parts := []string{}
-	for _, op := range ops {
-		parts = append(parts, op.Key, op.Value)
+	conds = slices.Clone(conds)
+	for i := range conds {
+		conds[i].Value = cloneStr(conds[i].Value)
 	}
-	o := s.pick("batch", parts...)
-	ok := false
-	if o == OK || o == AppliedUnknown {
-		ok = true
+	ops = slices.Clone(ops)
+	parts, keys := []string{}, []string{}
+	for _, op := range ops {
+		parts, keys = append(parts, op.Key, op.Value), append(keys, op.Key)
+	}
+	apply := func() bool {
 		for _, c := range conds {
-			ok = ok && s.matches(c.Key, c.Value)
+			if !s.matches(c.Key, c.Value) {
+				return false
+			}
 		}
 		for _, op := range ops {
-			switch {
-			case !ok:
-			case op.Delete:
+			if op.Delete {
 				delete(s.rows, op.Key)
-			default:
+			} else {
 				s.put(op.Key, op.Value)
 			}
 		}
+		return true
+	}
+	s.mu.Lock()
+	o := s.pick("batch", parts...)
+	ok := false
+	if o == OK || o == AppliedUnknown {
+		ok = apply()
 	}
 	s.logf("batch %v: %v %v", parts, o, ok)
 	s.mu.Unlock()
-	return finish(ctx, "MetaBatch", "", o, ok)
+	return s.finish(ctx, "MetaBatch", "", o, ok, &lateWrite{op: "batch", keys: keys, parts: parts,
+		apply: func() string { return fmt.Sprint("applied ", apply()) }})
 }
 
 // MetaCASMany implements runlease.MultiCASer: one outcome for the whole
@@ -337,26 +460,43 @@ func (s *Store) MetaCASMany(ctx context.Context, writes []runlease.CASWrite) ([]
 	if err := ctx.Err(); err != nil {
 		return nil, fault("MetaCASMany", "", false, err)
 	}
-	s.mu.Lock()
-	parts := []string{}
-	for _, w := range writes {
-		parts = append(parts, w.Key, w.Value)
+	writes = slices.Clone(writes)
+	parts, keys := []string{}, []string{}
+	for i, w := range writes {
+		writes[i].Expected = cloneStr(w.Expected)
+		parts, keys = append(parts, w.Key, w.Value), append(keys, w.Key)
 	}
-	o := s.pick("many", parts...)
-	swapped := make([]bool, len(writes))
-	if o == OK || o == AppliedUnknown {
+	apply := func() []bool {
+		swapped := make([]bool, len(writes))
 		for i, w := range writes {
 			if swapped[i] = s.matches(w.Key, w.Expected); swapped[i] {
 				s.put(w.Key, w.Value)
 			}
 		}
+		return swapped
+	}
+	s.mu.Lock()
+	o := s.pick("many", parts...)
+	swapped := make([]bool, len(writes))
+	if o == OK || o == AppliedUnknown {
+		swapped = apply()
 	}
 	s.logf("many %v: %v %v", parts, o, swapped)
 	s.mu.Unlock()
-	if _, err := finish(ctx, "MetaCASMany", "", o, true); err != nil {
+	if _, err := s.finish(ctx, "MetaCASMany", "", o, true, &lateWrite{op: "many", keys: keys, parts: parts,
+		apply: func() string { return fmt.Sprint("applied ", apply()) }}); err != nil {
 		return nil, err
 	}
 	return swapped, nil
+}
+
+// cloneStr returns a copy of p, nil for nil.
+func cloneStr(p *string) *string {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
 }
 
 // MetaCASNotify implements runlease.Notifier.
