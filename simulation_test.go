@@ -24,9 +24,10 @@ import (
 // slot and waiting calls, inside synctest bubbles, against a store whose
 // faults a seed decides (not applied, applied with the reply lost, not
 // applied with the reply lost, failing reads, calls that hang until their
-// context ends) and whose clock steps forward (within the keepers' margin,
-// see simClockRise) and back. After every step it
-// checks the README's promises:
+// context ends, and, with simLateApplies, writes that apply late, after
+// their caller was told the outcome was unknown) and whose clock steps
+// forward (within the keepers' margin, see simClockRise) and back. After
+// every step it checks the README's promises:
 //
 //   - no two keepers of different leases trust one run at one instant, and
 //     a trusting keeper's run is, by the store's rows and clock, live and its
@@ -35,7 +36,11 @@ import (
 //     reports a loss while the row is the caller's own;
 //   - no call, Stop, Close or Release blocks more than simBound past its
 //     context's end;
-//   - fences never go backwards.
+//   - fences never go backwards;
+//
+// and, once everything has stopped and every Slots the drivers got is
+// released, that no run's slot row is left live that no Slots of the
+// process answers for (checkLeaks).
 //
 // A failure names its seed; RUNLEASE_SIM_SEED=N replays that one schedule
 // with its trace. The seed fixes the schedule's draws, not the order in
@@ -44,8 +49,9 @@ import (
 // RUNLEASE_SIM_SCHEDULES sets how many run (default 10,000,
 // or 2,000 under the race detector, or simShortRandomSchedules under
 // -short), and a quarter as many again whose seeds carry simHandOvers,
-// which also hand slots to running keepers and wait for slots under them;
-// the seeds in testdata/sim/seeds.txt always run.
+// which also hand slots to running keepers and wait for slots under them,
+// and a quarter as many again that do so under writes that apply late
+// (simLateApplies); the seeds in testdata/sim/seeds.txt always run.
 func TestSimulation(t *testing.T) {
 	if s := os.Getenv("RUNLEASE_SIM_SEED"); s != "" {
 		seed, err := strconv.ParseUint(s, 10, 64)
@@ -75,6 +81,10 @@ func TestSimulation(t *testing.T) {
 	// A quarter as many again hand slots to running keepers.
 	for i := range max(n/4, 1) {
 		seeds = append(seeds, (uint64(i)+1)|simHandOvers)
+	}
+	// And as many again do so under writes that apply late.
+	for i := range max(n/4, 1) {
+		seeds = append(seeds, (uint64(i)+1)|simHandOvers|simLateApplies)
 	}
 	failed := 0
 	for _, seed := range seeds {
@@ -119,6 +129,16 @@ func committedSeeds(t *testing.T) []uint64 {
 // were found.
 const simHandOvers = 1 << 62
 
+// simLateApplies is the bit of a seed whose store also lets writes apply
+// late (simstore.Late, HangLate): a write its caller was told ended with an
+// outcome unknown, or gave up when its context ended, applies a few
+// milliseconds later, after the caller's clean-up may have looked for its
+// rows, as a server may run a call its client gave up on. The store's reads
+// of a key such a write covers wait for it, as the Postgres store's reads
+// of a key in doubt do. Schedules without the bit draw the other faults as
+// before.
+const simLateApplies = 1 << 61
+
 // simLeaveTimeout is how long a wait for slots may spend leaving its
 // queues after its context ended (leaveTimeout, CONCURRENCY.md rule 9).
 const simLeaveTimeout = 2 * time.Second
@@ -143,6 +163,10 @@ func runSchedule(t *testing.T, seed uint64, verbose bool) (ok bool) {
 				w.step()
 				synctest.Wait()
 				w.check()
+			}
+			if len(w.violations) == 0 {
+				w.cleanup()
+				w.checkLeaks()
 			}
 			if len(w.violations) > 0 || verbose {
 				w.report(seed)
@@ -209,10 +233,12 @@ type world struct {
 	cancel    context.CancelFunc
 	ctx       context.Context
 	seq       int
+	cleaned   bool // cleanup has run
 
 	mu         sync.Mutex
 	held       map[string]*heldRun // by holder + run
 	plain      []*runlease.Slots   // slots claimed without a lease
+	allSlots   []*runlease.Slots   // every Slots a call returned, for checkLeaks
 	flights    map[int]*flight
 	log        []string
 	violations []string
@@ -238,10 +264,13 @@ type flight struct {
 
 func newWorld(t *testing.T, seed uint64) *world {
 	ctx, cancel := context.WithCancel(context.Background())
+	rates := simstore.Rates{NotApplied: 5, AppliedUnknown: 6, NotAppliedUnknown: 6, Hang: 2, ReadFail: 8}
+	if seed&simLateApplies != 0 {
+		rates.Late, rates.HangLate = 4, 3
+	}
 	return &world{handOvers: seed&simHandOvers != 0,
 		t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		store: simstore.New(seed, simstore.Rates{NotApplied: 5, AppliedUnknown: 6,
-			NotAppliedUnknown: 6, Hang: 2, ReadFail: 8}),
+		store:   simstore.New(seed, rates),
 		renewer: &runlease.Renewer{}, ctx: ctx, cancel: cancel,
 		held: map[string]*heldRun{}, flights: map[int]*flight{},
 	}
@@ -493,6 +522,7 @@ func (w *world) handOver(h *heldRun) {
 			w.violate("Keeper.ClaimSlotsWait of %s/%s returned slots its keeper does not keep", h.holder, h.run)
 		}
 		w.mu.Lock()
+		w.allSlots = append(w.allSlots, s)
 		if h.slots == nil {
 			h.slots = s
 		} else {
@@ -557,6 +587,7 @@ func (w *world) claim(h *heldRun) {
 		w.logf("claim %s/%s: %v", h.holder, h.run, err)
 		if err == nil {
 			w.mu.Lock()
+			w.allSlots = append(w.allSlots, s)
 			h.slots = s
 			w.mu.Unlock()
 		}
@@ -571,6 +602,7 @@ func (w *world) claimPlain() {
 		w.logf("claim plain %s: %v", run, err)
 		if err == nil {
 			w.mu.Lock()
+			w.allSlots = append(w.allSlots, s)
 			w.plain = append(w.plain, s)
 			w.mu.Unlock()
 		}
@@ -716,7 +748,12 @@ func (w *world) checkBeliever(s *runlease.Slots, nowMS int64, believers map[stri
 }
 
 // cleanup ends everything the schedule started, so that the bubble can end.
+// It runs once.
 func (w *world) cleanup() {
+	if w.cleaned {
+		return
+	}
+	w.cleaned = true
 	w.store.SetFaulty(false)
 	w.cancel()
 	w.mu.Lock()
@@ -737,6 +774,69 @@ func (w *world) cleanup() {
 	}
 	time.Sleep(simBound)
 	synctest.Wait()
+}
+
+// checkLeaks runs after cleanup, with faults off and every call returned:
+// it releases every Slots a call returned (a driver may have forgotten
+// one: a claim that returned after its driver's lease was lost), then, for each run that still
+// has a live slot row, clears the queues and claims and releases a slot of
+// the run afresh (which takes over and deletes the rows the process
+// remembers as its failed claims' leftovers, trusted by nobody). A live
+// slot row left after that is a leak: a row no Slots answers for and the
+// process does not know of, which keeps the scope full until its TTL.
+func (w *world) checkLeaks() {
+	ctx := context.Background()
+	w.mu.Lock()
+	all := slices.Clone(w.allSlots)
+	w.mu.Unlock()
+	for _, s := range all {
+		_ = s.Release(ctx)
+	}
+	live := func() []runlease.Row {
+		now, _ := w.store.ClockNow()
+		rows, err := w.store.MetaScan(ctx, runlease.SlotPrefix)
+		if err != nil {
+			w.violate("scanning the slot rows: %v", err)
+			return nil
+		}
+		var out []runlease.Row
+		for _, r := range rows {
+			var row struct {
+				Holder  string `json:"holder"`
+				UntilMS int64  `json:"until_ms"`
+			}
+			if json.Unmarshal([]byte(r.Value), &row) == nil && row.UntilMS > now.UnixMilli() {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	// A queue entry left live (its delete failed, or its write applied
+	// late, after its waiter left) keeps a plain claim out until it
+	// expires: such entries are not what this checks, and go first.
+	for _, prefix := range []string{runlease.QueuePrefix, runlease.PlacePrefix, runlease.LegacyQueuePrefix} {
+		rows, err := w.store.MetaScan(ctx, prefix)
+		if err != nil {
+			w.violate("scanning %s: %v", prefix, err)
+		}
+		for _, r := range rows {
+			_, _ = w.store.MetaDelete(ctx, r.Key, r.Value)
+		}
+	}
+	for _, r := range live() {
+		var row struct {
+			Holder string `json:"holder"`
+		}
+		_ = json.Unmarshal([]byte(r.Value), &row)
+		s, err := runlease.ClaimSlots(ctx, w.store, row.Holder, []runlease.Scope{runlease.MemScope(1)}, runlease.WithTTL(simTTL))
+		w.logf("leak check: claim of %s over %s: %v", row.Holder, r.Key, err)
+		if err == nil {
+			_ = s.Release(ctx)
+		}
+	}
+	for _, r := range live() {
+		w.violate("slot row %s = %s left live after every Slots was released: no Slots answers for it", r.Key, r.Value)
+	}
 }
 
 func (w *world) report(seed uint64) {
