@@ -78,16 +78,19 @@ type room struct {
 	exited chan struct{} // closed when fanOut has returned
 	cancel func()        // ends the subscription
 
-	mu      sync.Mutex
-	waiters map[chan struct{}]struct{} // each waiter's wake-up channel
+	mu sync.Mutex
+	// Each member (a waiter, by its wake-up channel) is in unplaced or in
+	// placed, never both. unplaced holds the members without a place;
 	// placed holds the line key of each member that holds a place, and
-	// order the same members in key order; a ring wakes the members
+	// order the same members in key order. A ring wakes the members
 	// without a place and the first depth members with one (the largest
-	// headDepth of the members' scopes).
-	placed  map[chan struct{}]string
-	order   memberOrder
-	depth   int
-	ringSeq uint64 // the tick of the latest ring
+	// headDepth of the members' scopes), so its cost does not grow with
+	// the members far back in the line.
+	unplaced map[chan struct{}]struct{}
+	placed   map[chan struct{}]string
+	order    memberOrder
+	depth    int
+	ringSeq  uint64 // the tick of the latest ring
 	// expiryTick is the latest tick a waiter woken by an expiry took,
 	// after the clock that judges expiry read expiryMS (tickAfter).
 	expiryTick uint64
@@ -129,7 +132,7 @@ func joinRoom(store Store, sc Scope, wake chan struct{}) *room {
 	r := rooms.m[k]
 	made := r == nil
 	if made {
-		r = &room{store: store, sc: sc, ready: make(chan struct{}), waiters: map[chan struct{}]struct{}{},
+		r = &room{store: store, sc: sc, ready: make(chan struct{}), unplaced: map[chan struct{}]struct{}{},
 			placed: map[chan struct{}]string{}}
 		rooms.m[k] = r
 	}
@@ -146,7 +149,7 @@ func joinRoom(store Store, sc Scope, wake chan struct{}) *room {
 	}
 	<-r.ready
 	r.mu.Lock()
-	r.waiters[wake] = struct{}{}
+	r.unplaced[wake] = struct{}{}
 	if d := headDepth(sc); d > r.depth {
 		// Members the deeper window takes in are near now: they look.
 		r.depth = d
@@ -193,10 +196,8 @@ func (r *room) ring() {
 	defer r.mu.Unlock()
 	r.ringSeq = roomTick()
 	r.rings++
-	for w := range r.waiters {
-		if _, placed := r.placed[w]; !placed {
-			wakeUp(w)
-		}
+	for w := range r.unplaced {
+		wakeUp(w)
 	}
 	r.order.first(r.depth, wakeUp)
 }
@@ -212,7 +213,7 @@ func leaveRooms(rs []*room, wake chan struct{}) {
 
 func (r *room) leave(wake chan struct{}) {
 	r.mu.Lock()
-	delete(r.waiters, wake)
+	delete(r.unplaced, wake)
 	r.unplaceLocked(wake)
 	r.mu.Unlock()
 	rooms.mu.Lock()
@@ -238,10 +239,13 @@ func (r *room) place(wake chan struct{}, key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.unplaceLocked(wake)
-	if key != "" {
-		r.placed[wake] = key
-		r.order.insert(key, wake)
+	if key == "" {
+		r.unplaced[wake] = struct{}{}
+		return
 	}
+	delete(r.unplaced, wake)
+	r.placed[wake] = key
+	r.order.insert(key, wake)
 }
 
 // unplaceLocked takes the member's place out of the order. A member that

@@ -516,16 +516,20 @@ func TestMemberOrderKeepsKeyOrder(t *testing.T) {
 // is woken by the next ring.
 func TestARingWakesTheMembersNearTheHead(t *testing.T) {
 	t.Parallel()
-	r := &room{waiters: map[chan struct{}]struct{}{}, placed: map[chan struct{}]string{}, depth: 3}
+	r := &room{unplaced: map[chan struct{}]struct{}{}, placed: map[chan struct{}]string{}, depth: 3}
 	var placed []chan struct{}
 	for i := range 1000 {
 		c := make(chan struct{}, 1)
-		r.waiters[c] = struct{}{}
+		r.unplaced[c] = struct{}{}
 		r.place(c, "k"+strconv.Itoa(100000+i))
 		placed = append(placed, c)
 	}
 	unplaced := make(chan struct{}, 1)
-	r.waiters[unplaced] = struct{}{}
+	r.unplaced[unplaced] = struct{}{}
+	// A ring looks at the members without a place and at the first depth
+	// of the line, never at the members far back: those are not kept
+	// among the unplaced.
+	require.Len(t, r.unplaced, 1, "placed members are kept apart from the unplaced")
 	woken := func() []int {
 		var out []int
 		for i, c := range placed {
@@ -544,12 +548,12 @@ func TestARingWakesTheMembersNearTheHead(t *testing.T) {
 	require.True(t, r.near(placed[2]))
 	require.False(t, r.near(placed[3]))
 	// A member far back leaves: nobody's place among the first changes.
-	delete(r.waiters, placed[700])
+	delete(r.unplaced, placed[700])
 	r.unplaceLocked(placed[700])
 	require.Empty(t, woken())
 	// The first leaves the room, which lets the fourth in: it is woken,
 	// since far members do not poll.
-	delete(r.waiters, placed[0])
+	delete(r.unplaced, placed[0])
 	r.unplaceLocked(placed[0])
 	require.Equal(t, []int{3}, woken())
 	// The 500th moves ahead of everyone (its old place was far back).
@@ -557,6 +561,29 @@ func TestARingWakesTheMembersNearTheHead(t *testing.T) {
 	require.Empty(t, woken())
 	r.ring()
 	require.Equal(t, []int{1, 2, 500}, woken())
+	// The 600th gives its place up, and every ring wakes it from then on.
+	r.place(placed[600], "")
+	r.ring()
+	require.Equal(t, []int{1, 2, 500, 600}, woken())
+	require.Len(t, r.unplaced, 2)
+}
+
+// BenchmarkRoomRing is one ring of a room whose line holds n members of
+// the process: it wakes the first few, whatever n.
+func BenchmarkRoomRing(b *testing.B) {
+	for _, n := range []int{10, 100_000} {
+		b.Run("members="+strconv.Itoa(n), func(b *testing.B) {
+			r := &room{unplaced: map[chan struct{}]struct{}{}, placed: map[chan struct{}]string{}, depth: 5}
+			for i := range n {
+				c := make(chan struct{}, 1)
+				r.unplaced[c] = struct{}{}
+				r.place(c, "k"+strconv.Itoa(1_000_000+i))
+			}
+			for b.Loop() {
+				r.ring()
+			}
+		})
+	}
 }
 
 // panickySubscribe is a SQLite store whose Subscribe panics for the
