@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/areev/runlease/internal/benchkit"
 )
 
 // backlogResult is one measurement behind a queue of n waiters.
@@ -259,10 +261,20 @@ func runBacklog(ctx context.Context, cfg config, c contender, n int, progress io
 		tr0, n0, t0 = c.trips(), rec.count.Load(), time.Now()
 	}
 	target := n0 + int64(cfg.admissions)
+	stopProfile := func() error { return nil }
+	if cfg.admitProf != "" && res.n > 0 {
+		if stopProfile, err = benchkit.StartCPUProfile(cfg.admitProf); err != nil {
+			return res, err
+		}
+	}
 	for rec.count.Load() < target && time.Now().Before(deadline) {
 		if !sleepCtx(ctx, 200*time.Microsecond) {
+			_ = stopProfile()
 			return res, ctx.Err()
 		}
+	}
+	if err := stopProfile(); err != nil {
+		return res, err
 	}
 	tr1, n1, elapsed := c.trips(), rec.count.Load(), time.Since(t0)
 	res.admitted = int(n1 - n0)

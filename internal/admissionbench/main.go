@@ -52,6 +52,7 @@ type config struct {
 	admitBudget time.Duration
 	claimTrials int
 	cpuProfile  string
+	admitProf   string // CPU profile of the admissions behind the last backlog measured
 	waitPoll    time.Duration
 }
 
@@ -122,6 +123,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.claimTrials, "claims", 15, "backlog: refused claims timed per measurement")
 	fs.DurationVar(&cfg.waitPoll, "runlease-poll", 0, "runlease's waiters' poll (WithWaitPoll); 0 keeps the library's default")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the harness process (its contenders' client side included) to this file")
+	fs.StringVar(&cfg.admitProf, "admit-cpuprofile", "", "backlog: write a CPU profile of the measuring process while it measures the admissions behind a backlog (the last one measured wins) to this file")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -150,6 +152,9 @@ func parseFlags(args []string) (config, error) {
 			return cfg, fmt.Errorf("-backlog: %q is not a positive number", b)
 		}
 		cfg.backlogs = append(cfg.backlogs, n)
+	}
+	if cfg.cpuProfile != "" && cfg.admitProf != "" {
+		return cfg, errors.New("-cpuprofile and -admit-cpuprofile: one CPU profile at a time")
 	}
 	if cfg.dsn == "" {
 		return cfg, errors.New("no Postgres DSN: give -dsn or set RUNLEASE_TEST_POSTGRES")

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/benchkit"
 )
 
 // Config is what a run does.
@@ -74,7 +75,7 @@ func Run(ctx context.Context, store runlease.Store, cfg Config) (Report, error) 
 		Lost: func(runlease.LossEvent) { c.lost.Add(1) },
 	}
 
-	stopProfile, err := startProfile(cfg.CPUProfile)
+	stopProfile, err := benchkit.StartCPUProfile(cfg.CPUProfile)
 	if err != nil {
 		return Report{}, err
 	}
@@ -181,31 +182,6 @@ func (r Report) Print(w io.Writer) {
 		r.P50.Round(10*time.Microsecond), r.P99.Round(10*time.Microsecond), r.LeastLeft.Round(time.Millisecond),
 		100*r.KeepCPU.Seconds()/r.Duration.Seconds(), r.HeapPerLease)
 	fmt.Fprintf(w, "\nacquired %d leases in %v (CPU %v)\n", r.Leases, r.Acquired.Round(time.Millisecond), r.AcquireCPU.Round(time.Millisecond))
-}
-
-// startProfile starts a CPU profile written to path, and returns the func
-// that ends it; with no path it does nothing.
-func startProfile(path string) (func() error, error) {
-	if path == "" {
-		return func() error { return nil }, nil
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, err
-	}
-	var once sync.Once
-	var err2 error
-	return func() error {
-		once.Do(func() {
-			pprof.StopCPUProfile()
-			err2 = f.Close()
-		})
-		return err2
-	}, nil
 }
 
 // writeHeapProfile writes a heap profile to path; with no path it does
