@@ -38,7 +38,7 @@ func TestPage(t *testing.T) {
 				assert.Contains(t, body, `<tr class="state-corrupt" data-run="corrupt-run">`)
 				assert.Contains(t, body, `row does not parse: <code>{not json &lt;script&gt;alert(1)&lt;/script&gt;</code></td><td><strong>CORRUPT</strong>`)
 				assert.NotContains(t, body, "<script>alert")
-				assert.Regexp(t, `<div id="corrupt-banner" class="banner" role="alert">\s*<strong id="corrupt-count">2</strong> corrupt row`, body,
+				assert.Regexp(t, `<div id="corrupt-banner" class="banner" role="alert">\s*Corrupt rows: <strong id="corrupt-count">2</strong>\. A row that does not parse`, body,
 					"one corrupt lease and one corrupt slot")
 				assert.Contains(t, body, `CORRUPT row &#34;runslot:mem:3&#34;`)
 			})

@@ -235,7 +235,7 @@ func TestBrowserSeesLeasesExpireAndReleasesOne(t *testing.T) {
 	}
 	contains(t, text(t, ctx, `tr[data-run="expired-run"]`), "expired", "possible now")
 	contains(t, text(t, ctx, `tr[data-run="corrupt-run"]`), "CORRUPT", "{not json", "never: inspect the row")
-	contains(t, text(t, ctx, `#corrupt-banner`), "1 corrupt row")
+	contains(t, text(t, ctx, `#corrupt-banner`), "Corrupt rows: 1.")
 	contains(t, text(t, ctx, `tr[data-scope="mem"]`), "1/4", "live-run (slot 0")
 
 	// The store's clock moves past the live lease's expiry: the page's own
