@@ -287,6 +287,51 @@ type DeleteNotifier interface {
 	MetaDeleteNotify(ctx context.Context, key, expected, wakeKey string) (deleted bool, err error)
 }
 
+// DeleteReadNotifier is an optional refinement of [DeleteNotifier]: the
+// conditional delete that wakes the subscribers of another key, with a tag
+// its own wake-up carries, and ordered reads after it, in one call that a
+// networked store sends in one round trip. A released slot reads the head
+// of its scope's queue with it and hands that read to the waiters of its
+// own process, who are admitted on it without a wake-up read of their own;
+// the tag tells its process's subscription which wake-up is the release's
+// own, already answered. Both built-in stores implement it.
+type DeleteReadNotifier interface {
+	DeleteNotifier
+	// MetaDeleteNotifyRanges is MetaDeleteNotify whose wake-up of wakeKey
+	// carries tag to the key's SubscribeTags subscribers, followed by
+	// MetaRanges of ranges, read after the delete (and seeing it, when it
+	// deleted) whether or not it deleted. deleted and err are the
+	// delete's, as MetaDeleteNotify reports them; rows are the reads', or
+	// nil when they were not made or failed (the reads are a hint: their
+	// fault is not reported).
+	// An invalid tag ([CheckTag]), or what MetaDeleteNotify or MetaRanges
+	// refuse, is refused with [ErrInvalidArgument] before anything is
+	// written or read.
+	MetaDeleteNotifyRanges(ctx context.Context, key, expected, wakeKey, tag string, ranges []Range) (deleted bool, rows [][]Row, err error)
+	// SubscribeTags is Subscribe whose channel receives, for each wake-up,
+	// the tag of the MetaDeleteNotifyRanges call that sent it, or "" when
+	// it carries none: any other wake-up, and two or more that merged
+	// while pending (a receive then stands for all of them).
+	SubscribeTags(key string) (tags <-chan string, cancel func())
+}
+
+// MaxTagLen is the longest tag [DeleteReadNotifier.MetaDeleteNotifyRanges]
+// takes.
+const MaxTagLen = 64
+
+// CheckTag returns an [ErrInvalidArgument] error when tag is not one
+// [DeleteReadNotifier.MetaDeleteNotifyRanges] takes: empty, longer than
+// [MaxTagLen], or not text a key could hold.
+func CheckTag(tag string) error {
+	if tag == "" {
+		return invalidArg("tag", "empty")
+	}
+	if len(tag) > MaxTagLen {
+		return invalidArg("tag", "%d bytes long, the limit is %d", len(tag), MaxTagLen)
+	}
+	return checkText("tag", tag)
+}
+
 // ClosableStore is a [Store] that holds resources until Close: a file lock
 // and database handles, or a connection pool. [Open] returns one;
 // [*SQLiteStore] and [*PostgresStore] implement it. Close follows the

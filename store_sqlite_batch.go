@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+
+	"github.com/areev/runlease/internal/wakeup"
 )
 
 // MetaBatch implements [Batcher] in one transaction, begun IMMEDIATE so that
@@ -112,6 +114,40 @@ func (s *SQLiteStore) MetaDeleteNotify(ctx context.Context, key, expected, wakeK
 	}
 	return ok, err
 }
+
+// MetaDeleteNotifyRanges implements [DeleteReadNotifier] within this
+// process: MetaDeleteNotify, whose wake-up carries tag, then MetaRanges of
+// ranges. The reads follow the delete's commit, so they see it.
+func (s *SQLiteStore) MetaDeleteNotifyRanges(ctx context.Context, key, expected, wakeKey, tag string, ranges []Range) (bool, [][]Row, error) {
+	if err := CheckKey(wakeKey); err != nil {
+		return false, nil, err
+	}
+	if err := CheckTag(tag); err != nil {
+		return false, nil, err
+	}
+	if err := CheckRanges(ranges); err != nil {
+		return false, nil, err
+	}
+	ok, err := s.MetaDelete(ctx, key, expected)
+	if ok || IsOutcomeUnknown(err) {
+		s.subs.Wake(wakeKey, wakeup.TagRow(tag))
+	}
+	if err != nil {
+		return false, nil, err
+	}
+	rows, err := s.MetaRanges(ctx, ranges)
+	if err != nil {
+		return ok, nil, nil // the reads are a hint; the delete is done
+	}
+	return ok, rows, nil
+}
+
+// SubscribeTags implements [DeleteReadNotifier], as Subscribe does.
+func (s *SQLiteStore) SubscribeTags(key string) (<-chan string, func()) {
+	return s.subs.SubscribeTags(key)
+}
+
+var _ DeleteReadNotifier = (*SQLiteStore)(nil)
 
 // Subscribe implements [Notifier]. Only writes through this store wake its
 // subscribers, which is every write: one process owns the file.

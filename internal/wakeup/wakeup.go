@@ -1,9 +1,10 @@
 // Package wakeup is the in-process fan-out of wake-ups by key with which
-// stores implement runlease's Notifier and RowNotifier: a subscriber is a
-// buffered channel, either of bare wake-ups (Subscribe) or of the row each
-// waking write stored (SubscribeRows), and a wake-up that arrives while one
-// is pending merges into it, so a subscriber that was slow to look sees the
-// latest row.
+// stores implement runlease's Notifier, RowNotifier and DeleteReadNotifier:
+// a subscriber is a buffered channel, either of bare wake-ups (Subscribe),
+// of the row each waking write stored (SubscribeRows), or of the tag each
+// waking delete carried (SubscribeTags), and a wake-up that arrives while
+// one is pending merges into it: a subscriber that was slow to look sees
+// the latest row, and a tag only when one wake-up alone is pending.
 //
 // Lock rule: sending never blocks, and the sends to one [Sub] must not run
 // concurrently (each drains the buffer before it fills it, and only senders
@@ -14,12 +15,36 @@
 // leaf lock too.
 package wakeup
 
-import "sync"
+import (
+	"strings"
+	"sync"
+)
 
 // Sub is one subscriber: exactly one of its channels is set.
 type Sub struct {
 	wake chan struct{} // Subscribe's
 	rows chan string   // SubscribeRows': the latest row, "" when unknown
+	tags chan string   // SubscribeTags': the tag of the one pending wake-up, "" for none
+}
+
+// tagMark leads a row that is a delete's tag rather than a stored row
+// (TagRow): a store that carries rows in its wake-ups (Postgres, in a
+// notification's payload) carries a tag the same way, so a listener of an
+// earlier version takes it for a row, and wakes its subscribers.
+const tagMark = "runlease-tag:"
+
+// TagRow is the row a store wakes a key's subscribers with for a delete
+// tagged tag: its row subscribers get none (""), its tag subscribers get
+// tag.
+func TagRow(tag string) string { return tagMark + tag }
+
+// tagOf returns the tag row carries, "" when it carries none.
+func tagOf(row string) string {
+	tag, _ := strings.CutPrefix(row, tagMark)
+	if len(tag) == len(row) {
+		return ""
+	}
+	return tag
 }
 
 // NewWake returns a subscriber of bare wake-ups and the channel it receives
@@ -36,23 +61,44 @@ func NewRows() (*Sub, <-chan string) {
 	return sub, sub.rows
 }
 
-// Send wakes sub with row ("" when unknown) without blocking: a pending
-// wake-up is replaced, so a subscriber that was slow to look sees the
-// latest row. The caller keeps sends to one Sub from running concurrently
-// (see the package's lock rule), so the buffer has room once drained.
+// NewTags returns a subscriber of tags and the channel it receives them on,
+// as [Set.SubscribeTags] hands out.
+func NewTags() (*Sub, <-chan string) {
+	sub := &Sub{tags: make(chan string, 1)}
+	return sub, sub.tags
+}
+
+// Send wakes sub with row ("" when unknown; a [TagRow] for a tagged
+// delete) without blocking. A pending wake-up is replaced: a row
+// subscriber that was slow to look sees the latest row, and a tag
+// subscriber sees "" (two wake-ups merged, so no one tag names them). The
+// caller keeps sends to one Sub from running concurrently (see the
+// package's lock rule), so the buffer has room once drained.
 func (sub *Sub) Send(row string) {
-	if sub.wake != nil {
+	switch {
+	case sub.wake != nil:
 		select {
 		case sub.wake <- struct{}{}:
 		default:
 		}
-		return
-	}
-	select {
-	case <-sub.rows:
+	case sub.tags != nil:
+		tag := tagOf(row)
+		select {
+		case <-sub.tags:
+			tag = ""
+		default:
+		}
+		sub.tags <- tag
 	default:
+		if tagOf(row) != "" {
+			row = ""
+		}
+		select {
+		case <-sub.rows:
+		default:
+		}
+		sub.rows <- row
 	}
-	sub.rows <- row
 }
 
 // Set is a set of subscribers by key. The zero value is ready to use. Its
@@ -73,6 +119,13 @@ func (s *Set) Subscribe(key string) (wake <-chan struct{}, cancel func()) {
 // SubscribeRows, and returns its channel and the function that removes it.
 func (s *Set) SubscribeRows(key string) (rows <-chan string, cancel func()) {
 	sub, ch := NewRows()
+	return ch, s.add(key, sub)
+}
+
+// SubscribeTags adds a subscriber of the tags of key, for a store's
+// SubscribeTags, and returns its channel and the function that removes it.
+func (s *Set) SubscribeTags(key string) (tags <-chan string, cancel func()) {
+	sub, ch := NewTags()
 	return ch, s.add(key, sub)
 }
 
