@@ -161,7 +161,7 @@ type pgQueries struct {
 	deleteNotify                             string
 	markPut, markDelete, markExpired         string
 	casMany                                  string
-	rangeTo, rangeOpen                       string // store_postgres_range.go
+	rangeTo, rangeOpen, rangesOne            string // store_postgres_range.go
 }
 
 // OpenPostgres opens a pool on dsn (a pgx connection string: a URL or

@@ -18,11 +18,7 @@ func (s *PostgresStore) readRows(ctx context.Context, op, key string, stmts []pg
 			return err
 		}
 		for i := range stmts {
-			rows := make([]Row, 0, len(res[i].Rows))
-			for _, r := range res[i].Rows {
-				rows = append(rows, Row{Key: string(r[0]), Value: string(r[1])})
-			}
-			out[i] = rows
+			out[i] = resultRows(res[i])
 		}
 		return nil
 	})
