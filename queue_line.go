@@ -223,11 +223,7 @@ func readScopeRows(ctx context.Context, store Store, scopes []Scope, own *ownRow
 			depth = 0
 		}
 		r := &out[i]
-		reads = append(reads, scopeRead{Range{Prefix: sc.prefix()}, &r.slots},
-			scopeRead{Range{Prefix: lineScopePrefix(sc.name), Limit: depth}, &r.head})
-		if own == nil || !own.plain {
-			reads = append(reads, scopeRead{Range{Prefix: clockKey(sc.name), Limit: 1}, &r.clock})
-		}
+		reads = headReads(reads, sc, depth, own == nil || !own.plain, r)
 		if own != nil {
 			o := *own
 			r.own = &o
@@ -278,6 +274,37 @@ type scopeRead struct {
 	to *[]Row
 }
 
+// headReads appends the reads of sc into r: its slot rows, the first depth
+// entries of its line (every entry when depth is 0) and, with clock set,
+// its clock.
+func headReads(reads []scopeRead, sc Scope, depth int, clock bool, r *scopeRows) []scopeRead {
+	reads = append(reads, scopeRead{Range{Prefix: sc.prefix()}, &r.slots},
+		scopeRead{Range{Prefix: lineScopePrefix(sc.name), Limit: depth}, &r.head})
+	if clock {
+		reads = append(reads, scopeRead{Range{Prefix: clockKey(sc.name), Limit: 1}, &r.clock})
+	}
+	return reads
+}
+
+// roomReads returns the reads of a room's scan of sc into r, as
+// readScopeRows makes them for a room, and the function that finishes r
+// once they are done.
+func roomReads(sc Scope, r *scopeRows) ([]scopeRead, func()) {
+	return headReads(nil, sc, headDepth(sc), true, r), func() {
+		r.cut = len(r.head) == headDepth(sc)
+		r.clock = exact(r.clock, clockKey(sc.name))
+	}
+}
+
+// rangesOf returns the ranges of reads.
+func rangesOf(reads []scopeRead) []Range {
+	ranges := make([]Range, len(reads))
+	for i, rd := range reads {
+		ranges[i] = rd.r
+	}
+	return ranges
+}
+
 // reads appends the ranges of the claim's own rows of sc: its
 // principal's mark and the first entries at its priority and, for a
 // waiter, its run's place and legacy entry.
@@ -295,11 +322,7 @@ func (o *ownRows) reads(reads []scopeRead, sc Scope, runID string) []scopeRead {
 func readAll(ctx context.Context, store Store, reads []scopeRead) error {
 	for start := 0; start < len(reads); start += MaxScanMany {
 		part := reads[start:min(start+MaxScanMany, len(reads))]
-		ranges := make([]Range, len(part))
-		for i, rd := range part {
-			ranges[i] = rd.r
-		}
-		got, err := readRanges(ctx, store, ranges...)
+		got, err := readRanges(ctx, store, rangesOf(part)...)
 		if err != nil {
 			return err
 		}

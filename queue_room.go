@@ -98,6 +98,17 @@ type room struct {
 	rings      uint64    // how many rings were fanned out
 	flight     *roomScan // the latest scan in flight, if any
 	last       *roomScan // the latest scan that succeeded, if any
+	// tagged is set before ready is closed when the subscription carries
+	// tags (the store is a DeleteReadNotifier): only then does a release
+	// of the process hand its read over (queue_room_hand.go).
+	tagged bool
+	// handed holds the tags of the process's hand-overs whose wake-ups have
+	// not come back: a wake-up that carries one is a release already
+	// answered, not a ring. handedOrder is their order, oldest first, to
+	// bound them (maxHanded).
+	handed      map[string]struct{}
+	handedOrder []string
+	hand        *roomHand // the latest hand-over, if any
 }
 
 // roomScan is one scan of a room's scope. raw and err are written by the
@@ -165,6 +176,13 @@ func joinRoom(store Store, sc Scope, wake chan struct{}) *room {
 func (r *room) open() {
 	r.cancel = func() {} // until a subscription is in place
 	defer close(r.ready)
+	if d, ok := r.store.(DeleteReadNotifier); ok {
+		ch, cancel := d.SubscribeTags(queueBell(r.sc.name))
+		r.cancel, r.stop, r.exited = cancel, make(chan struct{}), make(chan struct{})
+		r.tagged, r.handed = true, map[string]struct{}{}
+		go r.fanOutTags(ch)
+		return
+	}
 	n, ok := r.store.(Notifier)
 	if !ok {
 		return
@@ -189,11 +207,31 @@ func (r *room) fanOut(ch <-chan struct{}) {
 	}
 }
 
+// fanOutTags is fanOut for a subscription that carries tags: a wake-up
+// that carries the tag of one of the process's hand-overs was answered by
+// it, and is not a ring (heard).
+func (r *room) fanOutTags(ch <-chan string) {
+	defer close(r.exited)
+	for {
+		select {
+		case <-r.stop:
+			return
+		case tag := <-ch:
+			r.heard(tag)
+		}
+	}
+}
+
 // ring records a ring and wakes the members it concerns: those without a
 // place, and the first depth members with one.
 func (r *room) ring() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.ringLocked()
+}
+
+// ringLocked is ring with r.mu held.
+func (r *room) ringLocked() {
 	r.ringSeq = roomTick()
 	r.rings++
 	for w := range r.unplaced {
@@ -307,9 +345,12 @@ func (r *room) tickAfter(atMS, nowMS int64, tick uint64) uint64 {
 }
 
 // rows returns the rows of the room's scope from a scan that started after
-// tick need: the latest one that succeeded, if it did; else the one in
-// flight, if it did, which the call waits for; else a scan of its own,
-// sent with ctx, which later calls may share.
+// tick need, the later of fresh (what the caller's own moves need) and
+// rung (the latest ring it was woken by): the latest one that succeeded,
+// if it did; else the read of the latest hand-over, if it answers both
+// (roomHand.answers); else the scan in flight, if it started after need,
+// which the call waits for; else a scan of its own, sent with ctx, which
+// later calls may share.
 //
 // A joiner whose ctx ends first returns ctx's error. A scan that failed
 // because its starter's context ended says nothing about the store, so a
@@ -318,12 +359,17 @@ func (r *room) tickAfter(atMS, nowMS int64, tick uint64) uint64 {
 // its own. A joiner waits for a scan at most patience, then reads on its
 // own: a scan stuck on one bad connection holds up only its starter, as it
 // would without sharing.
-func (r *room) rows(ctx context.Context, need uint64, patience time.Duration) (scopeRows, error) {
+func (r *room) rows(ctx context.Context, fresh, rung uint64, patience time.Duration) (scopeRows, error) {
+	need := max(fresh, rung)
 	for {
 		r.mu.Lock()
 		if l := r.last; l != nil && l.seq > need {
 			r.mu.Unlock()
 			return l.raw, nil
+		}
+		if h := r.hand; h != nil && h.answers(fresh, rung) {
+			r.mu.Unlock()
+			return h.raw, nil
 		}
 		if f := r.flight; f != nil && f.seq > need {
 			r.mu.Unlock()

@@ -276,7 +276,7 @@ func TestAWaiterWhoseScanPartnerIsCancelledStillGetsItsRead(t *testing.T) {
 		ctxA, cancelA := context.WithCancel(t.Context())
 		errA := make(chan error, 1)
 		go func() {
-			_, err := roomsA[0].rows(ctxA, need, joinPatience)
+			_, err := roomsA[0].rows(ctxA, need, 0, joinPatience)
 			errA <- err
 		}()
 		synctest.Wait()
@@ -286,7 +286,7 @@ func TestAWaiterWhoseScanPartnerIsCancelledStillGetsItsRead(t *testing.T) {
 		}
 		resB := make(chan result, 1)
 		go func() {
-			raw, err := roomsB[0].rows(t.Context(), need, joinPatience)
+			raw, err := roomsB[0].rows(t.Context(), need, 0, joinPatience)
 			resB <- result{raw, err}
 		}()
 		synctest.Wait()
@@ -330,14 +330,14 @@ func TestAWaiterDoesNotWaitLongForAStuckScan(t *testing.T) {
 		ctxA, cancelA := context.WithCancel(t.Context())
 		errA := make(chan error, 1)
 		go func() {
-			_, err := roomsA[0].rows(ctxA, need, joinPatience)
+			_, err := roomsA[0].rows(ctxA, need, 0, joinPatience)
 			errA <- err
 		}()
 		synctest.Wait()
 		start := time.Now()
 		resB := make(chan error, 1)
 		go func() {
-			raw, err := roomsB[0].rows(t.Context(), need, joinPatience)
+			raw, err := roomsB[0].rows(t.Context(), need, 0, joinPatience)
 			if err == nil && len(raw.slots) != 1 {
 				err = errors.New("B read no slot row")
 			}
@@ -586,7 +586,7 @@ func BenchmarkRoomRing(b *testing.B) {
 	}
 }
 
-// panickySubscribe is a SQLite store whose Subscribe panics for the
+// panickySubscribe is a SQLite store whose subscriptions panic for the
 // bell of scope "b" (a store bug, or a decorator that panics): the library
 // already guards a shared scan against a store that panics (errScanAborted),
 // and a Subscribe is just as much a store call.
@@ -599,6 +599,15 @@ func (s *panickySubscribe) Subscribe(key string) (<-chan struct{}, func()) {
 		panic("subscribe failed")
 	}
 	return s.SQLiteStore.Subscribe(key)
+}
+
+// SubscribeTags panics as Subscribe does: the room subscribes with it on a
+// store that hands reads over (a DeleteReadNotifier).
+func (s *panickySubscribe) SubscribeTags(key string) (<-chan string, func()) {
+	if key == queueBell("b") {
+		panic("subscribe failed")
+	}
+	return s.SQLiteStore.SubscribeTags(key)
 }
 
 // TestAStorePanickingInSubscribeLeavesNoRoomBehind: ClaimSlotsWait

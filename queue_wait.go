@@ -167,9 +167,12 @@ type waiter struct {
 	rooms    []*room       // per scope, the room it waits in
 	roomKeys []string      // per scope, the place its room knows it holds ("": none)
 	wake     chan struct{} // the rooms' wake-ups, merged: one pending at most
-	// fresh is the roomClock tick its next read must follow: the last
-	// ring that woke it, its last write, or the moment it chose to look.
-	fresh uint64
+	// fresh is the roomClock tick its next read must follow for its own
+	// moves: its last write, or the moment it chose to look. rung is the
+	// tick of the latest ring that woke it, which its next read must
+	// follow too; kept apart, so that a room may answer it with a
+	// hand-over's read (queue_room_hand.go).
+	fresh, rung uint64
 }
 
 func waitSlots(ctx context.Context, s *Slots, scopes []Scope, fence uint64, commit func(context.Context, []Cond, []Op) error) (*Slots, error) {
@@ -395,7 +398,7 @@ func (w *waiter) near() bool {
 }
 
 // read reads every scope the run waits for. A queued waiter reads the
-// head of each line from scans that started after tick w.fresh, shared
+// head of each line from scans that started after ticks w.fresh and w.rung, shared
 // with the other waiters of its rooms, and decodes them for its own run;
 // a waiter that takes a place (or checks its own, checkOwn) reads its own
 // rows too, in a read of its own.
@@ -416,7 +419,7 @@ func (w *waiter) read(ctx context.Context) ([]*scopeState, error) {
 		return states, nil
 	}
 	for i, sc := range w.scopes {
-		raw, err := w.rooms[i].rows(ctx, w.fresh, min(w.s.o.poll, joinPatience))
+		raw, err := w.rooms[i].rows(ctx, w.fresh, w.rung, min(w.s.o.poll, joinPatience))
 		if err != nil {
 			return nil, err
 		}
@@ -1280,7 +1283,7 @@ func (w *waiter) sleep(ctx context.Context, nextMS int64, pollAt time.Time) (ren
 		// Every waiter woken by one ring needs the same: a scan started
 		// after it, the first of which they all share.
 		for _, r := range w.rooms {
-			w.fresh = max(w.fresh, r.lastRing())
+			w.rung = max(w.rung, r.lastRing())
 		}
 		return false, false, nil
 	}

@@ -612,6 +612,13 @@ func (s *Slots) releaseOne(ctx context.Context, h *heldSlot) error {
 // deleteWaking deletes h's row if it holds seen, waking the waiters of its
 // scope's queue when the store can: a released slot may admit one of them.
 func (s *Slots) deleteWaking(ctx context.Context, h *heldSlot, seen string) (bool, error) {
+	if d, ok := s.store.(DeleteReadNotifier); ok {
+		if r := handingRoom(s.store, h.scope); r != nil {
+			// Waiters of this process wait for the scope: they are
+			// handed the read that follows the delete.
+			return r.handOver(ctx, d, h.key, seen)
+		}
+	}
 	if n, ok := s.store.(DeleteNotifier); ok {
 		return n.MetaDeleteNotify(ctx, h.key, seen, queueBell(h.scope))
 	}

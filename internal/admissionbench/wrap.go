@@ -137,6 +137,12 @@ func (s *pgWrap) MetaDeleteNotify(ctx context.Context, key, expected, wakeKey st
 	return ok, err
 }
 
+func (s *pgWrap) MetaDeleteNotifyRanges(ctx context.Context, key, expected, wakeKey, tag string, ranges []runlease.Range) (bool, [][]runlease.Row, error) {
+	ok, rs, err := s.PostgresStore.MetaDeleteNotifyRanges(ctx, key, expected, wakeKey, tag, ranges)
+	s.w.wrote(ctx, false)
+	return ok, rs, err
+}
+
 func (s *pgWrap) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runlease.Op) (bool, error) {
 	ok, err := s.PostgresStore.MetaBatch(ctx, conds, ops)
 	s.w.wrote(ctx, ok && err == nil)
@@ -206,6 +212,12 @@ func (s *sqWrap) MetaDeleteNotify(ctx context.Context, key, expected, wakeKey st
 	ok, err := s.SQLiteStore.MetaDeleteNotify(ctx, key, expected, wakeKey)
 	s.w.wrote(ctx, false)
 	return ok, err
+}
+
+func (s *sqWrap) MetaDeleteNotifyRanges(ctx context.Context, key, expected, wakeKey, tag string, ranges []runlease.Range) (bool, [][]runlease.Row, error) {
+	ok, rs, err := s.SQLiteStore.MetaDeleteNotifyRanges(ctx, key, expected, wakeKey, tag, ranges)
+	s.w.wrote(ctx, false)
+	return ok, rs, err
 }
 
 func (s *sqWrap) MetaBatch(ctx context.Context, conds []runlease.Cond, ops []runlease.Op) (bool, error) {
