@@ -427,7 +427,10 @@ func (s *Slots) planFrom(sc Scope, st *scopeState, me *queueEntry) ([]slotCandid
 	if len(out) < units {
 		return nil, &ConcurrencyLimitError{Scope: sc.name, Limit: sc.limit, Held: st.used, Units: units}
 	}
-	return out, nil
+	// The waiters ahead, deciding on the same read, take the first free
+	// slots: this claim tries the ones after theirs, so that runs admitted
+	// together do not race for one row.
+	return out[min(v.reserved, len(out)-units):], nil
 }
 
 // reportLimitMismatch tells the hooks and the logger that live slots sit at
