@@ -139,6 +139,7 @@ func RunWith(t *testing.T, h Harness) {
 		{"multi_cas", plain(testMultiCAS)},
 		{"scan_many", plain(testScanMany)},
 		{"ranges", plain(testRanges)},
+		{"delete_read", plain(testDeleteRead)},
 		{"two_handles", testTwoHandles},
 		{"fault_labels", testFaultLabels},
 	}

@@ -90,8 +90,8 @@ func (sub *Sub) Send(row string) {
 		}
 		sub.tags <- tag
 	default:
-		if tagOf(row) != "" {
-			row = ""
+		if strings.HasPrefix(row, tagMark) {
+			row = "" // a tag is not a row
 		}
 		select {
 		case <-sub.rows:

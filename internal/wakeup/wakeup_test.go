@@ -64,3 +64,43 @@ func TestSendNeverBlocks(t *testing.T) {
 	assert.Len(t, row, 1)
 	assert.True(t, row >= "a" && row <= "h")
 }
+
+// TestATagSubscriberSeesATagOnlyWhenOneWakeUpIsPending: a tagged wake-up
+// carries its tag to tag subscribers, never to row subscribers (a tag is
+// not a row); a row, WakeAll or a second wake-up while one is pending
+// carries none, since no one tag then names what woke the subscriber (the
+// room would take a release of another process for its own, and sleep
+// past a free slot).
+func TestATagSubscriberSeesATagOnlyWhenOneWakeUpIsPending(t *testing.T) {
+	var s Set
+	tags, cancel := s.SubscribeTags("bell")
+	defer cancel()
+	rows, cancelRows := s.SubscribeRows("bell")
+	defer cancelRows()
+
+	s.Wake("bell", TagRow("t1"))
+	assert.Equal(t, "t1", <-tags, "one tagged wake-up pending: its tag")
+	assert.Equal(t, "", <-rows, "a row subscriber gets no row from a tagged wake-up")
+
+	s.Wake("bell", TagRow("t1"))
+	s.Wake("bell", TagRow("t2"))
+	require.Len(t, tags, 1, "pending wake-ups merge")
+	assert.Equal(t, "", <-tags, "two tagged wake-ups merged: no tag")
+	<-rows
+
+	s.Wake("bell", TagRow("t3"))
+	s.Wake("bell", "a row")
+	assert.Equal(t, "", <-tags, "a tagged wake-up merged with an untagged one: no tag")
+	assert.Equal(t, "a row", <-rows)
+
+	s.Wake("bell", "a row")
+	assert.Equal(t, "", <-tags, "a row is not a tag")
+	<-rows
+	s.WakeAll()
+	assert.Equal(t, "", <-tags, "WakeAll carries no tag")
+	<-rows
+	s.Wake("bell", TagRow(""))
+	assert.Equal(t, "", <-tags, "an empty tag is none")
+	assert.Equal(t, "", <-rows)
+	assert.Equal(t, "", tagOf("runlease-ta"), "a row shorter than the mark is not a tag")
+}
