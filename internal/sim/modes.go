@@ -56,6 +56,12 @@ type Mode struct {
 	// Ranges gives the library the store with ordered range reads
 	// (runlease.RangeReader), as the built-in stores have.
 	Ranges bool
+	// Notify gives the library, besides range reads, a store that wakes
+	// by key (runlease.Notifier through runlease.DeleteReadNotifier), as
+	// the built-in stores do: releases ring the waiters of their scope, and
+	// hand their reads of the queue to them (every driver of a schedule
+	// shares one process).
+	Notify bool
 	// Queue makes drivers wait for slots in the admission queue (nil: they
 	// do not).
 	Queue *QueueSpec
@@ -273,12 +279,12 @@ func init() {
 			Deadlines: []time.Duration{400 * time.Millisecond, 2 * time.Second, 6 * time.Second, 15 * time.Second}}})
 	addMode(Mode{Name: "queue-bound", Doc: "a healthy store with range reads where every admitted waiter releases within 1.5 s: the waiter at the head of its queues is admitted within the documented bound while others keep arriving, some of one principal at once, behind entries of dead waiters and beside legacy entries",
 		Actors: 6, Runs: 1, Steps: 140, Ops: map[string]float64{"wait": 1, "wait-burst": 0.4, "plant-ghosts": 0.1, "plant-legacy": 0.1},
-		Weather: []Weather{healthy}, Ranges: true,
+		Weather: []Weather{healthy}, Ranges: true, Notify: true,
 		Scopes: []ScopeSpec{{Name: "gpu", Limit: 3}, {Name: "mem", Limit: 2}},
 		Queue: &QueueSpec{Principals: []Principal{{"", 0}, {"a", 1}, {"b", 3}}, Priorities: []int{0},
 			Poll: 300 * time.Millisecond, Hold: 1500 * time.Millisecond, Deadlines: []time.Duration{30 * time.Second}}})
 	addMode(Mode{Name: "queue-line", Doc: "long lines on a store with range reads: ten drivers, small limits, overlapping enqueues of one principal, entries of dead waiters at the head (expired, more than the limit plus one, ahead of many), legacy entries, stalls, faults and clock steps",
-		Actors: 10, Runs: 3, Steps: 160, WeatherP: 0.05, Yield: 0.2, Ranges: true,
+		Actors: 10, Runs: 3, Steps: 160, WeatherP: 0.05, Yield: 0.2, Ranges: true, Notify: true,
 		Ops:        withOps(queueOps, map[string]float64{"wait-burst": 2.5, "plant-ghosts": 0.8, "plant-legacy": 1, "claim": -0.3}),
 		Scopes:     []ScopeSpec{{Name: "gpu", Limit: 2}, {Name: "mem", Limit: 1}},
 		Weather:    []Weather{healthy, flaky, stalling, lossy},
@@ -288,7 +294,7 @@ func init() {
 			Priorities: []int{0, 0, 1, -1}, Poll: 300 * time.Millisecond, Twins: true,
 			Deadlines: []time.Duration{400 * time.Millisecond, 3 * time.Second, 10 * time.Second, 20 * time.Second}}})
 	addMode(Mode{Name: "queue-fair", Doc: "the fair share on a healthy store with range reads: one scope of limit 1, two principals of weights 1 and 2 (or 3) whose waiters enqueue several at once, every admitted waiter releasing within 0.8 s",
-		Actors: 8, Runs: 1, Steps: 200, Ops: map[string]float64{"wait": 1, "wait-burst": 2}, Weather: []Weather{healthy}, Ranges: true, Yield: 0.2,
+		Actors: 8, Runs: 1, Steps: 200, Ops: map[string]float64{"wait": 1, "wait-burst": 2}, Weather: []Weather{healthy}, Ranges: true, Notify: true, Yield: 0.2,
 		Scopes: []ScopeSpec{{Name: "gpu", Limit: 1}},
 		Queue: &QueueSpec{Principals: []Principal{{"a", 1}, {"b", 2}}, Priorities: []int{0}, Fair: true,
 			Poll: 300 * time.Millisecond, Hold: 800 * time.Millisecond, Deadlines: []time.Duration{60 * time.Second}}})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/areev/runlease"
+	"github.com/areev/runlease/internal/wakeup"
 )
 
 // watcher is told of every write the store applies, under the store's
@@ -94,6 +95,8 @@ type Store struct {
 	idle     map[string][]span
 	idleFrom map[string]time.Time
 	made     time.Time
+	// subs are the subscribers of notifyStore's wake-ups.
+	subs wakeup.Set
 }
 
 // appliedWrite is a write a call applied: value nil for a deletion.
@@ -527,6 +530,12 @@ func notApplied(err error) error {
 
 // MetaCAS implements runlease.Store.
 func (s *Store) MetaCAS(ctx context.Context, key string, expected *string, value string) (bool, error) {
+	return s.metaCAS(ctx, key, expected, value, nil)
+}
+
+// metaCAS is MetaCAS that calls woke, under the mutex, when the write
+// applies (whatever its caller is told).
+func (s *Store) metaCAS(ctx context.Context, key string, expected *string, value string, woke func()) (bool, error) {
 	if err := firstErr(runlease.CheckKey(key), runlease.CheckValue(value)); err != nil {
 		return false, err
 	}
@@ -540,12 +549,21 @@ func (s *Store) MetaCAS(ctx context.Context, key string, expected *string, value
 			return false
 		}
 		s.putLocked(key, &value)
+		if woke != nil {
+			woke()
+		}
 		return true
 	})
 }
 
 // MetaDelete implements runlease.Store.
 func (s *Store) MetaDelete(ctx context.Context, key, expected string) (bool, error) {
+	return s.metaDelete(ctx, key, expected, nil)
+}
+
+// metaDelete is MetaDelete that calls woke, under the mutex, when the
+// delete applies (whatever its caller is told).
+func (s *Store) metaDelete(ctx context.Context, key, expected string, woke func()) (bool, error) {
 	if err := runlease.CheckKey(key); err != nil {
 		return false, err
 	}
@@ -559,8 +577,64 @@ func (s *Store) MetaDelete(ctx context.Context, key, expected string) (bool, err
 			return false
 		}
 		s.putLocked(key, nil)
+		if woke != nil {
+			woke()
+		}
 		return true
 	})
+}
+
+// notifyStore is the Store with ordered range reads and wake-ups by key
+// (runlease.Notifier, RowNotifier, DeleteNotifier and DeleteReadNotifier),
+// as the built-in stores have: a released slot wakes the waiters of its
+// scope, and hands its read of the queue to those of the process (every
+// driver of a schedule shares one process). A wake-up is sent when its
+// write applies, whatever the caller is told; a write that never applies
+// wakes nobody, as a notification lost would.
+type notifyStore struct{ rangeStore }
+
+// MetaCASNotify implements runlease.Notifier.
+func (n notifyStore) MetaCASNotify(ctx context.Context, key string, expected *string, value string) (bool, error) {
+	return n.metaCAS(ctx, key, expected, value, func() { n.subs.Wake(key, value) })
+}
+
+// Subscribe implements runlease.Notifier.
+func (n notifyStore) Subscribe(key string) (<-chan struct{}, func()) { return n.subs.Subscribe(key) }
+
+// SubscribeRows implements runlease.RowNotifier.
+func (n notifyStore) SubscribeRows(key string) (<-chan string, func()) {
+	return n.subs.SubscribeRows(key)
+}
+
+// SubscribeTags implements runlease.DeleteReadNotifier.
+func (n notifyStore) SubscribeTags(key string) (<-chan string, func()) {
+	return n.subs.SubscribeTags(key)
+}
+
+// MetaDeleteNotify implements runlease.DeleteNotifier.
+func (n notifyStore) MetaDeleteNotify(ctx context.Context, key, expected, wakeKey string) (bool, error) {
+	if err := runlease.CheckKey(wakeKey); err != nil {
+		return false, err
+	}
+	return n.metaDelete(ctx, key, expected, func() { n.subs.Wake(wakeKey, "") })
+}
+
+// MetaDeleteNotifyRanges implements runlease.DeleteReadNotifier: the
+// delete, with its outcome, then the reads, with theirs (a read that
+// fails is no read: rows nil). Other calls may apply between the two.
+func (n notifyStore) MetaDeleteNotifyRanges(ctx context.Context, key, expected, wakeKey, tag string, ranges []runlease.Range) (bool, [][]runlease.Row, error) {
+	if err := firstErr(runlease.CheckKey(key), runlease.CheckKey(wakeKey), runlease.CheckTag(tag), runlease.CheckRanges(ranges)); err != nil {
+		return false, nil, err
+	}
+	deleted, err := n.metaDelete(ctx, key, expected, func() { n.subs.Wake(wakeKey, wakeup.TagRow(tag)) })
+	if err != nil {
+		return false, nil, err
+	}
+	rows, err := n.metaRanges(ctx, ranges)
+	if err != nil {
+		rows = nil
+	}
+	return deleted, rows, nil
 }
 
 // MetaBatch implements runlease.Batcher.

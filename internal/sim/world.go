@@ -216,6 +216,8 @@ func (w *World) lib() runlease.Store {
 	switch {
 	case w.mode.Plain:
 		return plainStore{w.store}
+	case w.mode.Notify:
+		return notifyStore{rangeStore{w.store}}
 	case w.mode.Ranges:
 		return rangeStore{w.store}
 	case w.mode.ByValue:
