@@ -133,7 +133,9 @@ func (r *room) handOver(ctx context.Context, d DeleteReadNotifier, key, expected
 		r.ringLocked()
 	case !deleted:
 		delete(r.handed, tag) // no wake-up comes
-		r.recordLocked(sent, raw)
+		if read {
+			r.recordLocked(sent, raw)
+		}
 	case r.ringSeq > sent:
 		// A ring came while the call was out: its waiters may have read
 		// before the delete, and the read may not show what it rang for.
