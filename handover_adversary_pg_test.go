@@ -146,3 +146,36 @@ func TestPostgresRangesMatchTheirDefinition(t *testing.T) {
 }
 
 func utf8Prefix(s string) bool { return CheckPrefix(s) == nil }
+
+// TestPostgresHandOversNeverAdmitOverTheLimitNorLoseAWakeUp: as on
+// SQLite, with notifications that travel through the server and may come
+// back before the release's call returns, and with two Store values of
+// one table (two rooms, whose tags are each other's rings).
+func TestPostgresHandOversNeverAdmitOverTheLimitNorLoseAWakeUp(t *testing.T) {
+	pool := pgtest.Pool(t)
+	table := pgtest.NewTable(t, pool)
+	open := func() *PostgresStore {
+		s, err := NewPostgres(t.Context(), pool, WithTable(table))
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	a, b := open(), open()
+	t.Run("one", func(t *testing.T) { handOverStressMixed(t, []Store{a}, 2, 8, 3) })
+	t.Run("two", func(t *testing.T) { handOverStressMixed(t, []Store{a, b}, 1, 8, 3) })
+}
+
+// TestPostgresHandOversAdmitInQueueOrder is TestHandOversAdmitInQueueOrder
+// on Postgres.
+func TestPostgresHandOversAdmitInQueueOrder(t *testing.T) {
+	pool := pgtest.Pool(t)
+	table := pgtest.NewTable(t, pool)
+	s, err := NewPostgres(t.Context(), pool, WithTable(table))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	s2, err := NewPostgres(t.Context(), pool, WithTable(table))
+	require.NoError(t, err)
+	t.Cleanup(func() { s2.Close() })
+	t.Run("one", func(t *testing.T) { handOverOrder(t, []Store{s}, 6) })
+	t.Run("two", func(t *testing.T) { handOverOrder(t, []Store{s2, s}, 6) })
+}

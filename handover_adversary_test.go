@@ -169,3 +169,125 @@ func handOverStress(t *testing.T, s Store, limit, runs, rounds int) {
 	assert.LessOrEqual(t, peak.Load(), int64(limit))
 	assert.Less(t, time.Since(start), 30*time.Second, "no admission waited for a poll")
 }
+
+// TestHandOversAcrossTwoStoreValuesOfOneDatabase: two Store values of one
+// SQLite store make two rooms in one process; a release through one hands
+// its read to its own room only, and its tagged wake-up is a ring in the
+// other. Runs of both take turns without a poll and within the limit.
+func TestHandOversAcrossTwoStoreValuesOfOneDatabase(t *testing.T) {
+	t.Parallel()
+	inner := roomSQLite(t)
+	a, b := &handCounter{SQLiteStore: inner}, &handCounter{SQLiteStore: inner}
+	handOverStressMixed(t, []Store{a, b}, 2, 8, 3)
+	assert.Positive(t, a.hands.Load()+b.hands.Load(), "releases handed their reads over")
+}
+
+// handOverStressMixed is handOverStress with runs spread over stores, all
+// of one database.
+func handOverStressMixed(t *testing.T, stores []Store, limit, runs, rounds int) {
+	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
+	defer cancel()
+	sc := []Scope{NamedScope("gpu", limit)}
+	var in, peak atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, runs)
+	start := time.Now()
+	for i := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range rounds {
+				s := stores[(i+j)%len(stores)]
+				held, err := ClaimSlotsWait(ctx, s, fmt.Sprintf("run-%d-%d", i, j), sc,
+					WithTTL(time.Minute), WithWaitPoll(time.Minute))
+				if err != nil {
+					errs <- err
+					return
+				}
+				n := in.Add(1)
+				for {
+					p := peak.Load()
+					if n <= p || peak.CompareAndSwap(p, n) {
+						break
+					}
+				}
+				time.Sleep(time.Millisecond)
+				in.Add(-1)
+				if err := held.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	assert.LessOrEqual(t, peak.Load(), int64(limit))
+	assert.Less(t, time.Since(start), 30*time.Second, "no admission waited for a poll")
+}
+
+// TestHandOversAdmitInQueueOrder: waiters of one principal, queued one
+// after another behind a holder, are admitted in the order they queued
+// while each admitted run's release hands its read to the rest.
+func TestHandOversAdmitInQueueOrder(t *testing.T) {
+	t.Parallel()
+	s := &handCounter{SQLiteStore: roomSQLite(t)}
+	handOverOrder(t, []Store{s}, 6)
+	assert.Positive(t, s.hands.Load())
+}
+
+// TestHandOversAdmitInQueueOrderAcrossStoreValues: as above, the waiters
+// spread over two Store values of one database (two rooms), the holder's
+// release through the room of the second waiter.
+func TestHandOversAdmitInQueueOrderAcrossStoreValues(t *testing.T) {
+	t.Parallel()
+	inner := roomSQLite(t)
+	a, b := &handCounter{SQLiteStore: inner}, &handCounter{SQLiteStore: inner}
+	handOverOrder(t, []Store{b, a}, 6)
+	assert.Positive(t, a.hands.Load()+b.hands.Load())
+}
+
+// handOverOrder queues n waiters, the i-th through stores[i%len], behind
+// a holder of stores[len-1], and checks they are admitted in order.
+func handOverOrder(t *testing.T, stores []Store, n int) {
+	s := stores[len(stores)-1]
+	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
+	defer cancel()
+	sc := []Scope{NamedScope("gpu", 1)}
+	held, err := ClaimSlots(ctx, s, "holder", sc, WithTTL(time.Minute))
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h, err := ClaimSlotsWait(ctx, stores[i%len(stores)], fmt.Sprintf("run-%d", i), sc, WithTTL(time.Minute), WithWaitPoll(time.Minute))
+			if err != nil {
+				errs <- err
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			errs <- h.Release(ctx)
+		}()
+		waitPlaced(t, stores[i%len(stores)], "gpu", i/len(stores)+1)
+	}
+	require.NoError(t, held.Release(ctx))
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	want := make([]int, n)
+	for i := range want {
+		want[i] = i
+	}
+	assert.Equal(t, want, order, "admitted in the order they queued")
+}
