@@ -291,3 +291,40 @@ func handOverOrder(t *testing.T, stores []Store, n int) {
 	}
 	assert.Equal(t, want, order, "admitted in the order they queued")
 }
+
+// faultyHands is a SQLite store whose hand-overs meet what the
+// DeleteReadNotifier contract allows: reads that come back as nil after
+// the delete, and a delete that applied but whose outcome is reported
+// unknown (its wake-up sent).
+type faultyHands struct {
+	*SQLiteStore
+	n atomic.Int64
+}
+
+func (s *faultyHands) MetaDeleteNotifyRanges(ctx context.Context, key, expected, wakeKey, tag string, ranges []Range) (bool, [][]Row, error) {
+	deleted, rows, err := s.SQLiteStore.MetaDeleteNotifyRanges(ctx, key, expected, wakeKey, tag, ranges)
+	switch s.n.Add(1) % 5 {
+	case 1:
+		return deleted, nil, err
+	case 3:
+		if err == nil && deleted {
+			return false, nil, &StorageError{Op: "MetaDeleteNotifyRanges", Key: key, Unknown: true, Err: context.DeadlineExceeded}
+		}
+	}
+	return deleted, rows, err
+}
+
+// TestHandOversThatFailTheirReadsOrLoseTheirOutcomeStillWake: releases
+// whose reads fail, or whose outcome is unknown, ring; no waiter waits for
+// a poll and the limit holds.
+func TestHandOversThatFailTheirReadsOrLoseTheirOutcomeStillWake(t *testing.T) {
+	t.Parallel()
+	for _, limit := range []int{1, 2} {
+		t.Run(fmt.Sprint(limit), func(t *testing.T) {
+			t.Parallel()
+			s := &faultyHands{SQLiteStore: roomSQLite(t)}
+			handOverStressMixed(t, []Store{s}, limit, 8, 3)
+			assert.Positive(t, s.n.Load())
+		})
+	}
+}
