@@ -79,6 +79,8 @@ func testDeleteReadApplies(t *testing.T, s runlease.Store, d runlease.DeleteRead
 	defer cancel()
 	rowsSub, cancelRows := subscribeRows(s, "bell/x")
 	defer cancelRows()
+	bare, cancelBare := d.Subscribe("bell/x")
+	defer cancelBare()
 	ranges := []runlease.Range{{Prefix: "dr/"}, {Prefix: "dr/", Limit: 2}, {Prefix: "dr/", After: "dr/a", Limit: 1}, {Prefix: "none/"}}
 	rows := awaitTag(t, s, d, tags, "bell/x", ranges)
 	want := []runlease.Row{{Key: "dr/a", Value: "v:dr/a"}, {Key: "dr/b", Value: "v:dr/b"}, {Key: "dr/c", Value: "v:dr/c"}}
@@ -86,6 +88,11 @@ func testDeleteReadApplies(t *testing.T, s runlease.Store, d runlease.DeleteRead
 	assert.Equal(t, want[:2], rows[1], "the first two")
 	assert.Equal(t, want[1:2], rows[2], "the first after dr/a")
 	assert.Empty(t, rows[3], "an empty range")
+	select {
+	case <-bare:
+	case <-time.After(5 * time.Second):
+		t.Error("a tagged delete did not wake a Subscribe subscriber of the woken key (a waiter of an earlier version)")
+	}
 	if rowsSub != nil {
 		select {
 		case got := <-rowsSub:
