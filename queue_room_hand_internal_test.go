@@ -56,15 +56,14 @@ func asleepInRoom(t *testing.T, store Store, scope string, want int) *room {
 	return roomOf(store, scope)
 }
 
-// TestAReleaseHandsItsReadToTheWaitersOfItsProcess: a waiter of the
-// releasing process is admitted on the read the release made, with no
-// read of its own, and the release's own wake-up, when it comes back, is
-// not a second ring (it would wake the waiters to read again).
-func TestAReleaseHandsItsReadToTheWaitersOfItsProcess(t *testing.T) {
-	t.Parallel()
-	s := &handCounter{SQLiteStore: roomSQLite(t)}
+// waiterBehindHolder has "holder" hold the one unit of scope "gpu" of s
+// and "waiter" wait for it, asleep in its room, with a poll and a TTL far
+// longer than a test; done receives the waiter's result once it is
+// admitted and has released.
+func waiterBehindHolder(t *testing.T, s Store) (context.Context, *Slots, chan error, *room) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	sc := []Scope{NamedScope("gpu", 1)}
 	held, err := ClaimSlots(ctx, s, "holder", sc, WithTTL(time.Minute))
 	require.NoError(t, err)
@@ -76,7 +75,17 @@ func TestAReleaseHandsItsReadToTheWaitersOfItsProcess(t *testing.T) {
 		}
 		done <- err
 	}()
-	r := asleepInRoom(t, s, "gpu", 1)
+	return ctx, held, done, asleepInRoom(t, s, "gpu", 1)
+}
+
+// TestAReleaseHandsItsReadToTheWaitersOfItsProcess: a waiter of the
+// releasing process is admitted on the read the release made, with no
+// read of its own, and the release's own wake-up, when it comes back, is
+// not a second ring (it would wake the waiters to read again).
+func TestAReleaseHandsItsReadToTheWaitersOfItsProcess(t *testing.T) {
+	t.Parallel()
+	s := &handCounter{SQLiteStore: roomSQLite(t)}
+	ctx, held, done, r := waiterBehindHolder(t, s)
 	r.mu.Lock()
 	rings := r.rings
 	r.mu.Unlock()
@@ -99,17 +108,7 @@ func TestAReleaseHandsItsReadToTheWaitersOfItsProcess(t *testing.T) {
 func TestAHandOverRingsWhenARingCameWhileItWasOut(t *testing.T) {
 	t.Parallel()
 	s := &handCounter{SQLiteStore: roomSQLite(t)}
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	sc := []Scope{NamedScope("gpu", 1)}
-	held, err := ClaimSlots(ctx, s, "holder", sc, WithTTL(time.Minute))
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() {
-		_, err := ClaimSlotsWait(ctx, s, "waiter", sc, WithTTL(time.Minute), WithWaitPoll(time.Minute))
-		done <- err
-	}()
-	r := asleepInRoom(t, s, "gpu", 1)
+	ctx, held, done, r := waiterBehindHolder(t, s)
 	ringMid := func() { r.ring() }
 	s.mid.Store(&ringMid)
 	reads := s.reads.Load()

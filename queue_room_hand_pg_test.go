@@ -161,8 +161,8 @@ func TestPostgresHandOversNeverAdmitOverTheLimitNorLoseAWakeUp(t *testing.T) {
 		return s
 	}
 	a, b := open(), open()
-	t.Run("one", func(t *testing.T) { handOverStressMixed(t, []Store{a}, 2, 8, 3) })
-	t.Run("two", func(t *testing.T) { handOverStressMixed(t, []Store{a, b}, 1, 8, 3) })
+	t.Run("one", func(t *testing.T) { handOverStress(t, []Store{a}, 2, 8, 3) })
+	t.Run("two", func(t *testing.T) { handOverStress(t, []Store{a, b}, 1, 8, 3) })
 }
 
 // TestPostgresHandOversAdmitInQueueOrder is TestHandOversAdmitInQueueOrder

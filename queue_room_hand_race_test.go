@@ -27,23 +27,6 @@ func (s *readlessStore) MetaDeleteNotifyRanges(ctx context.Context, key, expecte
 	return deleted, nil, err
 }
 
-// waitPlaced waits until the room of scope holds want members with a
-// place, and a moment more for them to sleep.
-func waitPlaced(t *testing.T, store Store, scope string, want int) *room {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		r := roomOf(store, scope)
-		if r == nil {
-			return false
-		}
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		return len(r.placed) == want
-	}, 10*time.Second, time.Millisecond, "the waiters take their places")
-	time.Sleep(50 * time.Millisecond)
-	return roomOf(store, scope)
-}
-
 // TestAReleaseThatDeletedNothingAndReadNothingRecordsNoRead: a release
 // whose delete found its row changed (deleted false) and whose reads were
 // not returned (rows nil, which the contract allows) must not leave the
@@ -74,7 +57,7 @@ func TestAReleaseThatDeletedNothingAndReadNothingRecordsNoRead(t *testing.T) {
 			defer wg.Done()
 			_, _ = ClaimSlotsWait(wctx, s, run, sc, WithTTL(time.Minute), WithWaitPoll(time.Minute), hooks)
 		}()
-		waitPlaced(t, s, "gpu", i+1)
+		asleepInRoom(t, s, "gpu", i+1)
 	}
 	r := roomOf(s, "gpu")
 	require.NotNil(t, r)
@@ -113,60 +96,10 @@ func TestHandOversNeverAdmitOverTheLimitNorLoseAWakeUp(t *testing.T) {
 		t.Run(fmt.Sprint(limit), func(t *testing.T) {
 			t.Parallel()
 			s := &handCounter{SQLiteStore: roomSQLite(t)}
-			handOverStress(t, s, limit, 8, 3)
+			handOverStress(t, []Store{s}, limit, 8, 3)
 			assert.Positive(t, s.hands.Load(), "releases handed their reads over")
 		})
 	}
-}
-
-// handOverStress runs runs waiters of one process on scope "gpu" of
-// limit, each admitted rounds times, holding a moment, and checks the
-// limit and that the whole takes far less than a poll.
-func handOverStress(t *testing.T, s Store, limit, runs, rounds int) {
-	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
-	defer cancel()
-	sc := []Scope{NamedScope("gpu", limit)}
-	var in, peak atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, runs)
-	start := time.Now()
-	for i := range runs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range rounds {
-				held, err := ClaimSlotsWait(ctx, s, fmt.Sprintf("run-%d-%d", i, j), sc,
-					WithTTL(time.Minute), WithWaitPoll(time.Minute))
-				if err != nil {
-					errs <- err
-					return
-				}
-				n := in.Add(1)
-				for {
-					p := peak.Load()
-					if n <= p || peak.CompareAndSwap(p, n) {
-						break
-					}
-				}
-				if n > int64(limit) {
-					errs <- fmt.Errorf("%d runs admitted over a limit of %d", n, limit)
-				}
-				time.Sleep(time.Millisecond)
-				in.Add(-1)
-				if err := held.Release(ctx); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	assert.LessOrEqual(t, peak.Load(), int64(limit))
-	assert.Less(t, time.Since(start), 30*time.Second, "no admission waited for a poll")
 }
 
 // TestHandOversAcrossTwoStoreValuesOfOneDatabase: two Store values of one
@@ -177,13 +110,15 @@ func TestHandOversAcrossTwoStoreValuesOfOneDatabase(t *testing.T) {
 	t.Parallel()
 	inner := roomSQLite(t)
 	a, b := &handCounter{SQLiteStore: inner}, &handCounter{SQLiteStore: inner}
-	handOverStressMixed(t, []Store{a, b}, 2, 8, 3)
+	handOverStress(t, []Store{a, b}, 2, 8, 3)
 	assert.Positive(t, a.hands.Load()+b.hands.Load(), "releases handed their reads over")
 }
 
-// handOverStressMixed is handOverStress with runs spread over stores, all
-// of one database.
-func handOverStressMixed(t *testing.T, stores []Store, limit, runs, rounds int) {
+// handOverStress runs runs waiters of one process on scope "gpu" of
+// limit, spread over stores (all of one database), each admitted rounds
+// times, holding a moment, and checks the limit and that the whole takes
+// far less than a poll.
+func handOverStress(t *testing.T, stores []Store, limit, runs, rounds int) {
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
 	sc := []Scope{NamedScope("gpu", limit)}
@@ -276,7 +211,7 @@ func handOverOrder(t *testing.T, stores []Store, n int) {
 			mu.Unlock()
 			errs <- h.Release(ctx)
 		}()
-		waitPlaced(t, stores[i%len(stores)], "gpu", i/len(stores)+1)
+		asleepInRoom(t, stores[i%len(stores)], "gpu", i/len(stores)+1)
 	}
 	require.NoError(t, held.Release(ctx))
 	wg.Wait()
@@ -322,7 +257,7 @@ func TestHandOversThatFailTheirReadsOrLoseTheirOutcomeStillWake(t *testing.T) {
 		t.Run(fmt.Sprint(limit), func(t *testing.T) {
 			t.Parallel()
 			s := &faultyHands{SQLiteStore: roomSQLite(t)}
-			handOverStressMixed(t, []Store{s}, limit, 8, 3)
+			handOverStress(t, []Store{s}, limit, 8, 3)
 			assert.Positive(t, s.n.Load())
 		})
 	}

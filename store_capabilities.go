@@ -319,6 +319,18 @@ type DeleteReadNotifier interface {
 // takes.
 const MaxTagLen = 64
 
+// checkDeleteRead returns an [ErrInvalidArgument] error when the wake key,
+// tag or ranges of a MetaDeleteNotifyRanges call are not ones it takes.
+func checkDeleteRead(wakeKey, tag string, ranges []Range) error {
+	if err := CheckKey(wakeKey); err != nil {
+		return err
+	}
+	if err := CheckTag(tag); err != nil {
+		return err
+	}
+	return CheckRanges(ranges)
+}
+
 // CheckTag returns an [ErrInvalidArgument] error when tag is not one
 // [DeleteReadNotifier.MetaDeleteNotifyRanges] takes: empty, longer than
 // [MaxTagLen], or not text a key could hold.

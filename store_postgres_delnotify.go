@@ -47,13 +47,7 @@ func (s *PostgresStore) MetaDeleteNotifyRanges(ctx context.Context, key, expecte
 	if err := s.check(key); err != nil {
 		return false, nil, err
 	}
-	if err := CheckKey(wakeKey); err != nil {
-		return false, nil, err
-	}
-	if err := CheckTag(tag); err != nil {
-		return false, nil, err
-	}
-	if err := CheckRanges(ranges); err != nil {
+	if err := checkDeleteRead(wakeKey, tag, ranges); err != nil {
 		return false, nil, err
 	}
 	if CheckValue(expected) != nil {

@@ -119,13 +119,7 @@ func (s *SQLiteStore) MetaDeleteNotify(ctx context.Context, key, expected, wakeK
 // process: MetaDeleteNotify, whose wake-up carries tag, then MetaRanges of
 // ranges. The reads follow the delete's commit, so they see it.
 func (s *SQLiteStore) MetaDeleteNotifyRanges(ctx context.Context, key, expected, wakeKey, tag string, ranges []Range) (bool, [][]Row, error) {
-	if err := CheckKey(wakeKey); err != nil {
-		return false, nil, err
-	}
-	if err := CheckTag(tag); err != nil {
-		return false, nil, err
-	}
-	if err := CheckRanges(ranges); err != nil {
+	if err := checkDeleteRead(wakeKey, tag, ranges); err != nil {
 		return false, nil, err
 	}
 	ok, err := s.MetaDelete(ctx, key, expected)
