@@ -119,7 +119,8 @@
 // labelled ([StorageError], [ErrOutcomeUnknown]), how contexts are honoured,
 // and which store values the library accepts. Optional capabilities
 // ([Batcher], [MultiCASer], [MultiScanner], [RangeReader], [Notifier],
-// [RowNotifier], [DeleteNotifier], [ClosableStore], [ClosedReporter]) are
+// [RowNotifier], [DeleteNotifier], [DeleteReadNotifier], [ClosableStore],
+// [ClosedReporter]) are
 // found by type assertion, so a store implements only those it can. Within
 // a major version the contract does not change; a minor version may add
 // optional capabilities, which a store without them does without. A store

@@ -32,8 +32,8 @@ type Row struct {
 //
 // Stability. Store, [Row], [Clock] and the optional capabilities declared
 // beside them ([Batcher], [MultiCASer], [MultiScanner], [RangeReader],
-// [Notifier], [RowNotifier], [DeleteNotifier], [ClosableStore] and
-// [ClosedReporter]), with their argument types, limits and Check* helpers
+// [Notifier], [RowNotifier], [DeleteNotifier], [DeleteReadNotifier],
+// [ClosableStore] and [ClosedReporter]), with their argument types, limits and Check* helpers
 // and [ForgetStore], are the stable contract between this package and a
 // store: within a major version none of them gains a method or changes
 // meaning, and a Check* helper never refuses what the contract allows.
