@@ -315,3 +315,18 @@ func TestActsCountsZombieAndStaleWrites(t *testing.T) {
 	assert.Equal(t, map[string]int{ResOK: 1, ResRefused: 1}, zombie)
 	assert.Equal(t, map[string]int{ResRefused: 1}, stale)
 }
+
+// TestFormatFaultsListsFaultsInTheOrderTheyBegan: the fault line of a
+// chaos run's report is in start order, with each start counted from the
+// first fault's, so a slow takeover can be read against what else was
+// down then.
+func TestFormatFaultsListsFaultsInTheOrderTheyBegan(t *testing.T) {
+	s := int64(time.Second)
+	got := FormatFaults([]Fault{
+		{Kind: FaultKill, Slot: 2, T0: 10 * s, T1: 10*s + int64(100*time.Millisecond)},
+		{Kind: FaultPause, Slot: 0, T0: 7 * s, T1: 12 * s},
+		{Kind: FaultKill, Slot: 1, T0: 11 * s},
+	})
+	assert.Equal(t, "[pause slot 0 +0s for 5s] [kill slot 2 +3s for 100ms] [kill slot 1 +4s for 0s]", got)
+	assert.Empty(t, FormatFaults(nil))
+}

@@ -190,6 +190,7 @@ func (h *leaseHist) report(t *testing.T, in *Injector) {
 	t.Logf("takeover latency from the fault: after a pause >= TTL %s; after a kill %s; bound %v; %d samples without another process up",
 		Summary(byKind[FaultPause]), Summary(byKind[FaultKill]), h.lt.Bound, ineligible)
 	t.Logf("takeover samples (fault, run, latency, another process up): %s", FormatTakeovers(h.takeovers))
+	t.Logf("faults (kind, child slot, start from the first, down for): %s", FormatFaults(in.Faults))
 	t.Logf("violations: fences %d, trust %d, checkpoints %d, downstream %d; history problems %d; errors %d",
 		len(h.fences), len(h.trust), len(h.ckpts), len(h.down), len(h.problems), len(h.errs))
 	for name, list := range map[string][]string{"fences": h.fences, "trust": h.trust, "checkpoints": h.ckpts,

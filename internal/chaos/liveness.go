@@ -151,3 +151,17 @@ func FormatTakeovers(ts []Takeover) string {
 	}
 	return strings.TrimSpace(b.String())
 }
+
+// FormatFaults formats faults on one line, in the order they began: for
+// each, its kind, its child slot, when it began (from the first fault)
+// and how long it kept the slot down (0 for a kill never replaced), so
+// that a slow takeover can be read against what else was down meanwhile.
+func FormatFaults(fs []Fault) string {
+	sorted := slices.SortedFunc(slices.Values(fs), func(a, b Fault) int { return cmp.Compare(a.T0, b.T0) })
+	var b strings.Builder
+	for _, f := range sorted {
+		fmt.Fprintf(&b, "[%s slot %d +%v for %v] ", f.Kind, f.Slot,
+			time.Duration(f.T0-sorted[0].T0).Round(10*time.Millisecond), f.Duration().Round(10*time.Millisecond))
+	}
+	return strings.TrimSpace(b.String())
+}
