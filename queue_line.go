@@ -286,9 +286,9 @@ func headReads(reads []scopeRead, sc Scope, depth int, clock bool, r *scopeRows)
 	return reads
 }
 
-// roomReads returns the reads of a room's scan of sc into r, as
-// readScopeRows makes them for a room, and the function that finishes r
-// once they are done.
+// roomReads returns the reads of a room's read of sc into r (a shared scan,
+// room.scan, or a hand-over's, room.handOver), and the function that
+// finishes r once they are done.
 func roomReads(sc Scope, r *scopeRows) ([]scopeRead, func()) {
 	return headReads(nil, sc, headDepth(sc), true, r), func() {
 		r.cut = len(r.head) == headDepth(sc)

@@ -427,9 +427,9 @@ func (r *room) scan(ctx context.Context, f *roomScan) {
 		r.mu.Unlock()
 		close(f.done)
 	}()
-	var raws []scopeRows
-	if raws, f.err = readScopeRows(ctx, r.store, []Scope{r.sc}, nil, false, nil, ""); f.err == nil {
-		f.raw = raws[0]
+	reads, finish := roomReads(r.sc, &f.raw)
+	if f.err = readAll(ctx, r.store, reads); f.err == nil {
+		finish()
 	}
 	f.cut = f.err != nil && ctx.Err() != nil
 }

@@ -153,9 +153,7 @@ func (r *room) handOver(ctx context.Context, d DeleteReadNotifier, key, expected
 // latest scan, when it is later than the one it has. r.mu is held.
 func (r *room) recordLocked(seq uint64, raw scopeRows) {
 	if r.last == nil || seq > r.last.seq {
-		f := &roomScan{seq: seq, done: make(chan struct{}), raw: raw}
-		close(f.done)
-		r.last = f
+		r.last = &roomScan{seq: seq, raw: raw} // never joined: done is not needed
 	}
 }
 
