@@ -40,8 +40,8 @@ func TagRow(tag string) string { return tagMark + tag }
 
 // tagOf returns the tag row carries, "" when it carries none.
 func tagOf(row string) string {
-	tag, _ := strings.CutPrefix(row, tagMark)
-	if len(tag) == len(row) {
+	tag, ok := strings.CutPrefix(row, tagMark)
+	if !ok {
 		return ""
 	}
 	return tag
