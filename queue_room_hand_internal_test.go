@@ -40,7 +40,10 @@ func (c *handCounter) MetaDeleteNotifyRanges(ctx context.Context, key, expected,
 }
 
 // asleepInRoom waits until the room of scope has want members with a
-// place, and a moment more for them to sleep.
+// place. A member records its place (syncRooms) after its last write and
+// before it sleeps, with no store call between: a ring that comes before
+// it sleeps waits in its wake-up channel, and the read it then needs is
+// the same.
 func asleepInRoom(t *testing.T, store Store, scope string, want int) *room {
 	t.Helper()
 	require.Eventually(t, func() bool {
@@ -52,7 +55,6 @@ func asleepInRoom(t *testing.T, store Store, scope string, want int) *room {
 		defer r.mu.Unlock()
 		return len(r.placed) == want
 	}, 10*time.Second, time.Millisecond, "the waiters take their places")
-	time.Sleep(50 * time.Millisecond)
 	return roomOf(store, scope)
 }
 
