@@ -18,6 +18,10 @@ package runlease_test
 //     its round trips and its ratio to n = 0.
 //   - BenchmarkQueueWakeWaiters: the reads of a scope that one release
 //     costs when 1 or 20 waiters of one process wait on it.
+//   - BenchmarkQueueWaitCycle: a driver's ClaimSlotsWait and Release of a
+//     free scope, over and over, as at every superstep, against
+//     ClaimSlots and Release of the same scope in the same run, one after
+//     the other: the wait's extra cost (its subscription) is the ratio.
 
 import (
 	"context"
@@ -187,6 +191,60 @@ func benchQueueLengths(b *testing.B, unit string, op func(context.Context, *benc
 				}
 			})
 		}
+	})
+}
+
+// BenchmarkQueueWaitCycle times, cycle by cycle and alternately,
+// ClaimSlotsWait+Release and ClaimSlots+Release of one free scope by one
+// driver. A wait subscribes to its scope's wake-ups while it runs; on
+// Postgres the store listens on a connection of its own, and marks the
+// scope as waited on, for as long as anyone subscribes and a while after,
+// so that a driver waiting at every superstep does not open a connection
+// and write a mark at every call. Reports the medians of both cycles,
+// their ratio (wait-to-claim) and the round trips of a wait's cycle.
+func BenchmarkQueueWaitCycle(b *testing.B) {
+	forEachStore(b, func(b *testing.B, env *benchkit.Env) {
+		ctx := b.Context()
+		scope := []runlease.Scope{runlease.NamedScope("bench-cycle-"+strconv.FormatInt(env.Seq(), 10), 4)}
+		cycle := func(wait bool) (time.Duration, error) {
+			t0 := time.Now()
+			var sl *runlease.Slots
+			var err error
+			if wait {
+				sl, err = runlease.ClaimSlotsWait(ctx, env.Store, "driver", scope)
+			} else {
+				sl, err = runlease.ClaimSlots(ctx, env.Store, "driver", scope)
+			}
+			if err == nil {
+				err = sl.Release(ctx)
+			}
+			return time.Since(t0), err
+		}
+		waits := make([]time.Duration, 0, b.N)
+		claims := make([]time.Duration, 0, b.N)
+		var waitTrips int64
+		b.ResetTimer()
+		for range b.N {
+			trips := env.Trips()
+			d, err := cycle(true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			waitTrips += env.Trips() - trips
+			waits = append(waits, d)
+			if d, err = cycle(false); err != nil {
+				b.Fatal(err)
+			}
+			claims = append(claims, d)
+		}
+		b.StopTimer()
+		slices.Sort(waits)
+		slices.Sort(claims)
+		w, c := waits[len(waits)/2], claims[len(claims)/2]
+		b.ReportMetric(us(w), "wait-p50-us")
+		b.ReportMetric(us(c), "claim-p50-us")
+		b.ReportMetric(float64(w)/float64(c), "wait-to-claim")
+		b.ReportMetric(float64(waitTrips)/float64(b.N), "trips/wait")
 	})
 }
 

@@ -77,13 +77,28 @@ func pgChannel(table string) string {
 	return fmt.Sprintf("runlease_%016x", h.Sum64())
 }
 
+// pgListenLinger is how long the store goes on listening, and keeps a
+// key's mark, after the last subscription (of any key, of the key) ended.
+// A waiter's subscription lasts one ClaimSlotsWait call, and a driver that
+// claims again at its next superstep subscribes again a moment later:
+// without the linger, each call would open a listening connection (a new
+// server process, taken from the pool, which opens another in its place
+// and prepares its statements there afresh), write the mark and delete it
+// again, several times the cost of the claim itself. While it lingers,
+// writes of a marked key notify a listener that wakes nobody, which costs
+// those writes the notify lock (see store_postgres_waiters.go) for at
+// most that long.
+const pgListenLinger = 2 * time.Second
+
 // pgListener holds one connection that LISTENs on the table's channel while
-// anyone subscribes, and fans notifications out by key.
+// anyone subscribes, and for pgListenLinger after, and fans notifications
+// out by key.
 type pgListener struct {
 	subs    wakeup.Set
 	mu      sync.Mutex
 	cancel  context.CancelFunc // stops the listening goroutine; nil when none runs
 	stopped chan struct{}      // closed when it has exited
+	linger  *time.Timer        // stops it once nobody subscribed for pgListenLinger; nil until first needed
 }
 
 // MetaCASNotify implements [Notifier]: MetaCAS that, when it writes while
@@ -123,8 +138,9 @@ func (s *PostgresStore) MetaCASNotify(ctx context.Context, key string, expected 
 }
 
 // Subscribe implements [Notifier]. The store listens on one connection of
-// its pool while anyone subscribes, and marks key in the table (a row under
-// [WaitPrefix]) so that writes of it notify; see store_postgres_waiters.go.
+// its pool while anyone subscribes (and for pgListenLinger after), and
+// marks key in the table (a row under [WaitPrefix]) so that writes of it
+// notify; see store_postgres_waiters.go.
 func (s *PostgresStore) Subscribe(key string) (<-chan struct{}, func()) {
 	ch, cancel := s.listen.subs.Subscribe(key)
 	return ch, s.listening(key, cancel)
@@ -168,9 +184,25 @@ func (s *PostgresStore) listening(key string, cancel func()) func() {
 		once.Do(func() {
 			cancel()
 			s.waiters.remove(key)
-			s.stopListening(true)
+			s.lingerListening()
 		})
 	}
+}
+
+// lingerListening has the listening goroutine stopped pgListenLinger from
+// now, when nobody subscribes: a subscription that comes before then
+// finds it running, and one that ends later pushes the stop back.
+func (s *PostgresStore) lingerListening() {
+	s.listen.mu.Lock()
+	defer s.listen.mu.Unlock()
+	if s.listen.cancel == nil || s.listen.subs.Count() > 0 {
+		return
+	}
+	if s.listen.linger == nil {
+		s.listen.linger = time.AfterFunc(pgListenLinger, func() { s.stopListening(true) })
+		return
+	}
+	s.listen.linger.Reset(pgListenLinger)
 }
 
 // stopListening stops the listening goroutine, if one runs (and, when
@@ -180,6 +212,9 @@ func (s *PostgresStore) stopListening(ifIdle bool) {
 	if ifIdle && s.listen.subs.Count() > 0 {
 		s.listen.mu.Unlock()
 		return
+	}
+	if !ifIdle && s.listen.linger != nil {
+		s.listen.linger.Stop()
 	}
 	cancel, stopped := s.listen.cancel, s.listen.stopped
 	s.listen.cancel = nil

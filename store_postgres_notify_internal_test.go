@@ -178,3 +178,85 @@ func TestAMarkWaitsForANotifyingWriteInFlight(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "new", got, "the mark's wake-up reads the write that missed it")
 }
+
+// listening returns the stop channel of s's listening goroutine, nil when
+// none runs: the same channel means the same listener.
+func listening(s *PostgresStore) chan struct{} {
+	s.listen.mu.Lock()
+	defer s.listen.mu.Unlock()
+	if s.listen.cancel == nil {
+		return nil
+	}
+	return s.listen.stopped
+}
+
+// TestASubscriptionBackWithinTheLingerFindsTheListenerAndTheMark: a driver
+// that waits at every superstep subscribes, leaves and subscribes again a
+// moment later. The store goes on listening on the same connection, and
+// keeps the key's mark as written, through the gap; once nobody has
+// subscribed for pgListenLinger, the listener stops and the mark goes.
+func TestASubscriptionBackWithinTheLingerFindsTheListenerAndTheMark(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	s := newPgOnTable(t, pool)
+	ctx := t.Context()
+	marks := func() []Row {
+		rows, err := s.MetaScan(ctx, WaitPrefix)
+		require.NoError(t, err)
+		return rows
+	}
+	_, cancel := s.Subscribe("k")
+	require.Eventually(t, func() bool { return len(marks()) == 1 }, 30*time.Second, 5*time.Millisecond)
+	first, mark := listening(s), marks()
+	require.NotNil(t, first)
+	// The gap between two supersteps: long enough for the mark loop and a
+	// stop to run, short against the linger (2 s). A gap the machine
+	// stretched past a second proves nothing, and is tried again.
+	const gap, stretched = 100 * time.Millisecond, time.Second
+	checked := 0
+	for try := 0; try < 20 && checked < 3; try++ {
+		cancel()
+		t0 := time.Now()
+		time.Sleep(gap)
+		_, cancel = s.Subscribe("k")
+		if time.Since(t0) >= stretched {
+			continue
+		}
+		checked++
+		assert.True(t, first == listening(s), "the listener was stopped and started again")
+		assert.Equal(t, mark, marks(), "the mark was deleted, or written again")
+	}
+	require.Positive(t, checked, "every gap ran past a second")
+
+	cancel()
+	select {
+	case <-first:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the listener still runs long after the last subscription ended")
+	}
+	require.Eventually(t, func() bool { return len(marks()) == 0 }, 30*time.Second, 5*time.Millisecond,
+		"the mark outlived the listener")
+	assert.Nil(t, listening(s))
+}
+
+// TestCloseStopsALingeringListener: Close does not wait for the linger.
+func TestCloseStopsALingeringListener(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	s := newPgOnTable(t, pool)
+	_, cancel := s.Subscribe("k")
+	require.Eventually(t, func() bool {
+		rows, err := s.MetaScan(t.Context(), WaitPrefix)
+		return err == nil && len(rows) == 1
+	}, 30*time.Second, 5*time.Millisecond)
+	stopped := listening(s)
+	cancel()
+	require.True(t, stopped == listening(s), "the listener lingers")
+	require.NoError(t, s.Close())
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("Close returned before the lingering listener stopped")
+	}
+	assert.Nil(t, listening(s))
+}

@@ -24,7 +24,9 @@ import (
 // the server time, in milliseconds as 20 digits (so that text order is
 // number order), until which it stands. The store writes it when a key's
 // first subscriber comes, refreshes it while any remain, and deletes it
-// when the last one leaves; a process that dies leaves marks that expire
+// pgListenLinger after the last one left, unless another came meanwhile (a
+// driver that claims at every superstep would otherwise write and delete
+// it at every claim); a process that dies leaves marks that expire
 // after pgMarkTTL and that any waiting store deletes. A write that notifies
 // looks for a live mark of its key in the same statement, under the
 // statement's snapshot: a mark that commits after that snapshot is missed,
@@ -87,15 +89,16 @@ type pgWaiters struct {
 	id     string
 	kick   chan struct{} // wakes the mark loop; buffered, one pending
 	mu     sync.Mutex
-	subs   map[string]int   // key → its subscriptions
-	marked map[string]int64 // key → the until_ms of its mark in the table
+	subs   map[string]int       // key → its subscriptions
+	marked map[string]int64     // key → the until_ms of its mark in the table
+	left   map[string]time.Time // key nobody subscribes → when its last subscription ended
 }
 
 func newPgWaiters() pgWaiters {
 	var b [12]byte
 	_, _ = crand.Read(b[:])
 	return pgWaiters{id: hex.EncodeToString(b[:]), kick: make(chan struct{}, 1),
-		subs: map[string]int{}, marked: map[string]int64{}}
+		subs: map[string]int{}, marked: map[string]int64{}, left: map[string]time.Time{}}
 }
 
 // pgMarkRange returns the keys between which the marks of key lie.
@@ -112,16 +115,18 @@ func (w *pgWaiters) markKey(key string) string { return WaitPrefix + key + pgMar
 func (w *pgWaiters) add(key string) {
 	w.mu.Lock()
 	w.subs[key]++
+	delete(w.left, key)
 	w.mu.Unlock()
 	w.poke()
 }
 
 // remove ends a subscription of key; the loop deletes the mark of a key
-// nobody waits on any more.
+// nobody has waited on for pgListenLinger.
 func (w *pgWaiters) remove(key string) {
 	w.mu.Lock()
 	if w.subs[key]--; w.subs[key] <= 0 {
 		delete(w.subs, key)
+		w.left[key] = time.Now()
 	}
 	w.mu.Unlock()
 	w.poke()
@@ -139,11 +144,16 @@ func (w *pgWaiters) poke() {
 func (s *PostgresStore) markLoop(ctx context.Context) {
 	tick := time.NewTicker(pgMarkRefresh)
 	defer tick.Stop()
+	linger := time.NewTimer(time.Hour)
+	defer linger.Stop()
 	sweep := true
 	for {
-		s.syncMarks(ctx, sweep)
+		if next := s.syncMarks(ctx, sweep); next > 0 {
+			linger.Reset(next)
+		}
 		sweep = false
 		select {
+		case <-linger.C: // a mark's linger ended
 		case <-ctx.Done():
 			// Delete every mark on a context of its own: the loop's has
 			// ended. A mark left behind expires.
@@ -186,6 +196,9 @@ func (s *PostgresStore) deleteMarks(ctx context.Context, del []string) {
 	for _, mk := range del {
 		key := mk[len(WaitPrefix) : len(mk)-len(pgMarkSep)-len(w.id)]
 		delete(w.marked, key)
+		if w.subs[key] == 0 {
+			delete(w.left, key)
+		}
 		again = again || w.subs[key] > 0
 	}
 	w.mu.Unlock()
@@ -195,16 +208,26 @@ func (s *PostgresStore) deleteMarks(ctx context.Context, del []string) {
 }
 
 // syncMarks writes the marks of keys waited on that have none, or one due
-// for refresh, deletes those of keys nobody waits on, and, when sweep,
-// every expired mark of any store. It wakes the subscribers of the keys it
-// marked afresh, so that they read what a write that missed the mark did not
-// tell them. A failure leaves the work for the next round.
-func (s *PostgresStore) syncMarks(ctx context.Context, sweep bool) {
+// for refresh, deletes those of keys nobody has waited on for
+// pgListenLinger, and, when sweep, every expired mark of any store. It
+// wakes the subscribers of the keys it marked afresh, so that they read
+// what a write that missed the mark did not tell them. A failure leaves the
+// work for the next round. It returns how long until the linger of a mark
+// it kept ends (0: none lingers).
+//
+// A lingering mark is not refreshed: it stands for pgMarkTTL from its last
+// write, and a mark is written again once less than pgMarkTTL less
+// pgMarkRefresh and a second is left, far more than pgListenLinger. A key
+// subscribed again while its mark lingers keeps the mark, which has stood
+// all along: writes since it was written have notified, so there is
+// nothing to wake its subscribers for.
+func (s *PostgresStore) syncMarks(ctx context.Context, sweep bool) (next time.Duration) {
 	w := &s.waiters
 	now, _ := s.ClockNow()
 	nowMS := now.UnixMilli()
 	until := nowMS + pgMarkTTL.Milliseconds()
 	var put, del, putKeys, fresh []string
+	mono := time.Now()
 	w.mu.Lock()
 	for key := range w.subs {
 		if w.marked[key]-nowMS < (pgMarkTTL - pgMarkRefresh - time.Second).Milliseconds() {
@@ -214,10 +237,24 @@ func (s *PostgresStore) syncMarks(ctx context.Context, sweep bool) {
 			}
 		}
 	}
-	for key := range w.marked {
-		if w.subs[key] == 0 {
-			del = append(del, w.markKey(key))
+	for key := range w.left {
+		if _, ok := w.marked[key]; !ok {
+			delete(w.left, key) // never marked, or its mark deleted: nothing lingers
 		}
+	}
+	for key := range w.marked {
+		if w.subs[key] > 0 {
+			continue
+		}
+		if left, ok := w.left[key]; ok {
+			if rest := pgListenLinger - mono.Sub(left); rest > 0 {
+				if next == 0 || rest < next {
+					next = rest
+				}
+				continue
+			}
+		}
+		del = append(del, w.markKey(key))
 	}
 	w.mu.Unlock()
 	if len(put) > 0 && s.putMarks(ctx, putKeys, put, pgMarkTime(until)) == nil {
@@ -237,6 +274,7 @@ func (s *PostgresStore) syncMarks(ctx context.Context, sweep bool) {
 		end, _ := PrefixEnd(WaitPrefix)
 		_ = s.markExec(ctx, s.q.markExpired, WaitPrefix, end, pgMarkTime(nowMS))
 	}
+	return next
 }
 
 // putMarks writes the marks put of keys, under their locks.
