@@ -82,7 +82,12 @@ func nextHandTag() string {
 }
 
 // handingRoom returns the room of scope of store in this process, when one
-// is ready to be handed a release's read: its subscription carries tags.
+// is ready to be handed a release's read: its subscription carries tags,
+// and a member holds a place. Only a member with a place decides on a
+// shared read; one without reads its own rows (waiter.read), so a release
+// while no member has one rings, as a plain delete does, and spares the
+// store the read. A member that takes its place just after the look is
+// woken by that ring and reads, as every member was before hand-overs.
 func handingRoom(store Store, scope string) *room {
 	rooms.mu.Lock()
 	r := rooms.m[roomKey{store: store, scope: scope}]
@@ -96,6 +101,12 @@ func handingRoom(store Store, scope string) *room {
 		return nil // still subscribing: the release rings
 	}
 	if !r.tagged {
+		return nil
+	}
+	r.mu.Lock()
+	placed := len(r.placed) > 0
+	r.mu.Unlock()
+	if !placed {
 		return nil
 	}
 	return r

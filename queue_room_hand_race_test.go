@@ -122,6 +122,11 @@ func handOverStress(t *testing.T, stores []Store, limit, runs, rounds int) {
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
 	sc := []Scope{NamedScope("gpu", limit)}
+	// Every run first queues behind a holder of the whole scope: a release
+	// hands over only to a room where a member holds a place, and runs
+	// that never found the scope full would never have one.
+	holder, err := ClaimSlots(ctx, stores[0], "holder", []Scope{sc[0].Take(limit)}, WithTTL(time.Minute))
+	require.NoError(t, err)
 	var in, peak atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, runs)
@@ -154,6 +159,18 @@ func handOverStress(t *testing.T, stores []Store, limit, runs, rounds int) {
 			}
 		}()
 	}
+	require.Eventually(t, func() bool {
+		placed := 0
+		for _, s := range stores {
+			if r := roomOf(s, "gpu"); r != nil {
+				r.mu.Lock()
+				placed += len(r.placed)
+				r.mu.Unlock()
+			}
+		}
+		return placed == runs
+	}, 30*time.Second, time.Millisecond, "every run queues behind the holder")
+	require.NoError(t, holder.Release(ctx))
 	wg.Wait()
 	close(errs)
 	for err := range errs {
