@@ -298,50 +298,32 @@ func TestASecondCallOfAWaitingRunIsRefusedEvenForFewerUnits(t *testing.T) {
 // in its place's batch and ranks where that entry was, not as a new entry
 // of the principal (from the mark the older place moved, at a new enqueue
 // time), which would land it behind every waiter that queued after the
-// older one.
+// older one. q queues a millisecond after the run, at the same tag (its
+// principal starts at the head): its enqueue time ranks it behind the run.
+// In the same millisecond the run id would rank it first
+// (TestANewerDriverKeepsTheRankOfAnOlderWaiterThatTied), so the test sets
+// the enqueue times with a clock rather than count on the machine's speed.
 func TestANewerDriverTakesTheOlderWaitersPlace(t *testing.T) {
 	t.Parallel()
 	bothStores(t, func(t *testing.T, s runlease.Store) {
 		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 		defer cancel()
-		mem := []runlease.Scope{runlease.MemScope(1)}
-		held, err := runlease.ClaimSlots(ctx, s, "holder", mem, runlease.WithTTL(time.Hour))
-		require.NoError(t, err)
-		poll := runlease.WithWaitPoll(runlease.MinWaitPoll)
-		old, err := runlease.Acquire(ctx, s, "r", "D1", runlease.WithTTL(time.Hour))
-		require.NoError(t, err)
-		dOld := make(chan error, 1)
-		go func() { _, err := old.ClaimSlotsWait(ctx, mem, runlease.WithFairShare("pr", 1), poll); dOld <- err }()
-		require.Eventually(t, func() bool { return len(lineRows(t, s, "mem")) == 1 }, 20*time.Second, time.Millisecond)
-		dq := startWait(ctx, s, "q", mem, runlease.WithFairShare("pq", 1), poll)
-		require.Eventually(t, func() bool { return len(lineRows(t, s, "mem")) == 2 }, 20*time.Second, time.Millisecond)
-
-		newer, err := runlease.Acquire(ctx, s, "r", "D1", runlease.WithTTL(time.Hour)) // re-entry: a higher fence
-		require.NoError(t, err)
-		require.Greater(t, newer.Fence(), old.Fence())
-		dNew := make(chan error, 1)
-		go func() { _, err := newer.ClaimSlotsWait(ctx, mem, runlease.WithFairShare("pr", 1), poll); dNew <- err }()
-		require.Eventually(t, func() bool {
-			rs := lineRowsOf(t, s, "mem", "r")
-			return len(rs) == 1 && strings.Contains(rs[0].Value, `"fence":`+strconv.FormatUint(newer.Fence(), 10)+`,`)
-		}, 20*time.Second, time.Millisecond, "the newer driver's waiter took the run's place")
-		var order []string
-		for _, r := range lineRows(t, s, "mem") {
-			_, run, _ := parseLine(r.Key)
-			order = append(order, run)
-		}
-		assert.Equal(t, []string{"r", "q"}, order, "the newer driver's waiter is not where the older one was")
-		require.NoError(t, held.Release(ctx))
+		d := takeOverPlace(t, ctx, s, time.Millisecond)
+		require.Equal(t, []string{"r", "q"}, d.before, "q, queued a millisecond after the run, ranks behind it")
+		assert.Equal(t, d.oldKey, d.newKey, "the newer driver's waiter ranks where the older one was")
+		assert.Equal(t, []string{"r", "q"}, d.after, "the newer driver's waiter is not where the older one was")
+		// Displaced, not gone before the newer waiter came: had it left
+		// first, there would have been no place to take.
+		require.ErrorIs(t, waitErr(t, d.dOld), runlease.ErrAlreadyQueued, "the older driver's waiter finds the newer one in its place")
+		require.NoError(t, d.held.Release(ctx))
 		select {
-		case err := <-dNew:
+		case err := <-d.dNew:
 			assert.NoError(t, err, "the run, first in line, is admitted first")
-		case err := <-dq:
+		case err := <-d.dq:
 			assert.Fail(t, "q, queued after the run, was admitted first", "%v", err)
 		case <-ctx.Done():
 			t.Fatal("nobody admitted")
 		}
-		cancel()
-		<-dOld
 	})
 }
 
