@@ -125,3 +125,43 @@ func TestANewerDriverKeepsTheRankOfAnOlderWaiterThatTied(t *testing.T) {
 		<-d.dOld
 	})
 }
+
+// TestAnOlderWaiterLeavesTheNewerDriverItsShare: a newer driver's waiter
+// that keeps the older one's rank keeps its share too: its place writes
+// the principal's mark at the finish the older place wrote. When both
+// places are stamped in one millisecond of the clock that judges expiry,
+// that mark is byte for byte the older one's, and the older waiter,
+// leaving with RUN-E026, must not give it back: the newer one still waits
+// at that finish, and the principal's next run would share its tag.
+func TestAnOlderWaiterLeavesTheNewerDriverItsShare(t *testing.T) {
+	t.Skip("open: the older waiter's leave moves back a mark it cannot tell from the newer one's (queue_wait.go, leave)")
+	t.Parallel()
+	s := newSQLite(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	at := runlease.WithClock(testkit.NewClock(time.Now()).Now) // one millisecond for every stamp
+	mem := []runlease.Scope{runlease.MemScope(1)}
+	opts := []runlease.Option{runlease.WithFairShare("pr", 1), runlease.WithWaitPoll(runlease.MinWaitPoll)}
+	_, err := runlease.ClaimSlots(ctx, s, "holder", mem, runlease.WithTTL(time.Hour), at)
+	require.NoError(t, err)
+	old, err := runlease.Acquire(ctx, s, "r", "D1", runlease.WithTTL(time.Hour), at)
+	require.NoError(t, err)
+	dOld := leaseWait(ctx, old, mem, opts...)
+	require.Eventually(t, func() bool { return len(lineRows(t, s, "mem")) == 1 }, 20*time.Second, time.Millisecond)
+	newer, err := runlease.Acquire(ctx, s, "r", "D1", runlease.WithTTL(time.Hour), at)
+	require.NoError(t, err)
+	dNew := leaseWait(ctx, newer, mem, opts...)
+	fence := `"fence":` + strconv.FormatUint(newer.Fence(), 10) + `,`
+	require.Eventually(t, func() bool {
+		rs := lineRowsOf(t, s, "mem", "r")
+		return len(rs) == 1 && strings.Contains(rs[0].Value, fence)
+	}, 20*time.Second, time.Millisecond, "the newer driver's waiter took the run's place")
+	mark := get(t, s, runlease.FairPrefix+"3:mem:pr")
+
+	require.ErrorIs(t, waitErr(t, dOld), runlease.ErrAlreadyQueued, "the older driver's waiter finds the newer one in its place")
+	v, found, err := s.MetaGet(ctx, runlease.FairPrefix+"3:mem:pr")
+	require.NoError(t, err)
+	assert.True(t, found && v == mark, "the principal's mark stays as the newer waiter wrote it, while it waits at its finish")
+	cancel()
+	<-dNew
+}
