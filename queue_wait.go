@@ -786,22 +786,53 @@ var errNotFreed = errors.New("the slot's row could not be deleted")
 // for such a write where the store can tell (the Postgres store waits
 // while a backend of a write in doubt still runs), and deletes the row it
 // finds sent.
+//
+// A fault that a retry may clear, or whose outcome is unknown, is tried
+// again with backoff until ctx ends: the clean-up's bound (leaveTimeout
+// for a failed wait) is there to be used. Giving up at the first fault
+// would leave the slot live for its TTL, remembered as an orphan that only
+// a later Release of the run's Slots frees, while the wait returns its
+// error as if nothing had been admitted; a Keeper.ClaimSlotsWait cut short
+// by its keeper's end has no Slots left to release. Every try is
+// conditional on the row sent, so a try never deletes another claim's row,
+// and one whose outcome was unknown is safe to send again.
 func (w *waiter) free(ctx context.Context, held []*heldSlot, inDoubt bool) {
 	for _, h := range held {
-		deleted, err := deleteRinging(ctx, w.s.store, h.key, h.seen, h.scope)
-		if err == nil && !deleted && inDoubt {
-			var v string
-			var ok bool
-			if v, ok, err = w.s.store.MetaGet(ctx, h.key); err == nil && ok && v == h.seen {
-				if deleted, err = deleteRinging(ctx, w.s.store, h.key, h.seen, h.scope); err == nil && !deleted {
-					err = errNotFreed
-				}
+		for try := 0; ; try++ {
+			err := w.freeOne(ctx, h, inDoubt)
+			if err == nil {
+				break
+			}
+			if !freeRetryable(ctx, err) || claimBackoff(ctx, try, "MetaDelete") != nil {
+				w.s.gaveUp([]*heldSlot{h})
+				break
 			}
 		}
-		if err != nil {
-			w.s.gaveUp([]*heldSlot{h})
-		}
 	}
+}
+
+// freeOne is one try of free for h.
+func (w *waiter) freeOne(ctx context.Context, h *heldSlot, inDoubt bool) error {
+	deleted, err := deleteRinging(ctx, w.s.store, h.key, h.seen, h.scope)
+	if err != nil || deleted || !inDoubt {
+		return err
+	}
+	v, ok, err := w.s.store.MetaGet(ctx, h.key)
+	if err != nil || !ok || v != h.seen {
+		return err
+	}
+	if deleted, err = deleteRinging(ctx, w.s.store, h.key, h.seen, h.scope); err == nil && !deleted {
+		err = errNotFreed
+	}
+	return err
+}
+
+// freeRetryable reports whether free tries again after err: a storage
+// fault that a retry is expected to clear, or whose outcome is unknown,
+// while ctx lives.
+func freeRetryable(ctx context.Context, err error) bool {
+	var se *StorageError
+	return errors.As(err, &se) && (se.Retryable || se.Unknown) && ctx.Err() == nil
 }
 
 // giveBack frees the slots of an admission the run cannot trust, with the
