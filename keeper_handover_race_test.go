@@ -699,24 +699,40 @@ func TestAStrictlyHandedOverKeeperEndsOnceAndSaysWhy(t *testing.T) {
 // admission's write short, which the server may still commit after the
 // wait's clean-up first looked for its rows.
 func TestKeeperReleaseRacesClaimSlotsWaitOnPostgres(t *testing.T) {
-	s := pgStore(t, pgtest.Pool(t))
+	// The store's calls of each round are traced (the store is wrapped with
+	// every method and optional interface of its own kept), so that a
+	// failure says which calls the admission, its clean-up and the
+	// Release made, in what order, and what each returned.
+	h := &claimEndHooks{}
+	s := &pgEndHooks{PostgresStore: pgStore(t, pgtest.Pool(t)), h: h}
 	ctx := t.Context()
 	for round := range 60 {
 		run := fmt.Sprintf("r%d", round)
 		k := hoKept(t, ctx, s, run)
 		scopes := []runlease.Scope{runlease.NamedScope(fmt.Sprintf("h%d", round), 1)}
+		trace := newCallTrace()
+		h.set(trace.record)
 		var wg sync.WaitGroup
+		var rerr error
 		wg.Go(func() {
 			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
-			require.NoError(t, k.Release(ctx))
+			trace.note("Release")
+			rerr = k.Release(ctx)
+			trace.note(fmt.Sprintf("Release returned %v", rerr))
 		})
 		got, err := k.ClaimSlotsWait(ctx, scopes, runlease.WithWaitPoll(runlease.MinWaitPoll))
+		trace.note(fmt.Sprintf("ClaimSlotsWait returned %v", err))
 		wg.Wait()
-		if err == nil {
-			require.Empty(t, got.Held(), "round %d", round)
+		h.set(nil)
+		say := func(what string) string {
+			return fmt.Sprintf("round %d: %s\nClaimSlotsWait: %v\nRelease: %v\nthe round's store calls:\n%s", round, what, err, rerr, trace)
 		}
-		require.Empty(t, hoLive(t, s, run), "round %d: slots admitted as the keeper was released were left live: %v", round, err)
-		require.Empty(t, hoRunQueued(t, s, run), "round %d", round)
+		require.NoError(t, rerr, say("the keeper's Release failed"))
+		if err == nil {
+			require.Empty(t, got.Held(), say("the slots kept were not released"))
+		}
+		require.Empty(t, liveSlotRows(t, s, run), say("slots admitted as the keeper was released were left live"))
+		require.Empty(t, hoRunQueued(t, s, run), say("the run still waits"))
 	}
 }
 
