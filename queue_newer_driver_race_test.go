@@ -134,7 +134,6 @@ func TestANewerDriverKeepsTheRankOfAnOlderWaiterThatTied(t *testing.T) {
 // leaving with RUN-E026, must not give it back: the newer one still waits
 // at that finish, and the principal's next run would share its tag.
 func TestAnOlderWaiterLeavesTheNewerDriverItsShare(t *testing.T) {
-	t.Skip("open: the older waiter's leave moves back a mark it cannot tell from the newer one's (queue_wait.go, leave)")
 	t.Parallel()
 	s := newSQLite(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)

@@ -1356,9 +1356,20 @@ func (w *waiter) leave(ctx context.Context) {
 			}
 		}
 		pk := placeKey(sc.name, w.s.runID)
+		inherited := false
 		if cur, found, err := w.s.store.MetaGet(ctx, pk); err == nil && found {
-			if p, err := decodePlace(cur); err == nil && p.Waiter == w.me.Waiter {
+			p, err := decodePlace(cur)
+			switch {
+			case err != nil:
+			case p.Waiter == w.me.Waiter:
 				_, _ = deleteResolved(ctx, w.s.store, pk, cur)
+			case p.Fence > w.fence && w.keys[i] != "" && p.Key == w.keys[i]:
+				// A newer driver's waiter took this place at its very
+				// rank, and with it the share this place charged: the mark
+				// it wrote may be byte for byte this one's (stamped in the
+				// same millisecond), and it is the newer waiter's to give
+				// back.
+				inherited = true
 			}
 		}
 		// The share goes back only once the entry is known gone: a
@@ -1366,7 +1377,7 @@ func (w *waiter) leave(ctx context.Context) {
 		// run must not take that tag again. After a place whose write's
 		// outcome is unknown, the mark holds what it sent or still what
 		// the place before it sent.
-		if gone && !(landed && w.giveShareBack(ctx, sc, w.marks[i], w.markPrev[i])) {
+		if gone && !inherited && !(landed && w.giveShareBack(ctx, sc, w.marks[i], w.markPrev[i])) {
 			w.giveShareBack(ctx, sc, w.markWas[i], w.markPrevWas[i])
 		}
 	}
