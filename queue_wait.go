@@ -1365,11 +1365,14 @@ func (w *waiter) leave(ctx context.Context) {
 				_, _ = deleteResolved(ctx, w.s.store, pk, cur)
 			case p.Fence > w.fence && w.keys[i] != "" && p.Key == w.keys[i]:
 				// A newer driver's waiter took this place at its very
-				// rank, and with it the share this place charged: the mark
-				// it wrote may be byte for byte this one's (stamped in the
-				// same millisecond), and it is the newer waiter's to give
-				// back.
-				inherited = true
+				// rank, and with it the share this place charged, if it
+				// waits for the same principal and priority (inherited):
+				// the mark it wrote may be byte for byte this one's
+				// (stamped in the same millisecond), and it is the newer
+				// waiter's to give back. One of another principal that
+				// ranked anew and landed at this very key owes nothing to
+				// this one's principal, whose share goes back.
+				inherited = w.sameShare(ctx, sc.name, p.Key)
 			}
 		}
 		// The share goes back only once the entry is known gone: a
@@ -1387,6 +1390,17 @@ func (w *waiter) leave(ctx context.Context) {
 	clear(w.markWas)
 	clear(w.doubt)
 	clear(w.tried)
+}
+
+// sameShare reports whether the live entry at key, in scope, waits for
+// this waiter's principal at its priority.
+func (w *waiter) sameShare(ctx context.Context, scope, key string) bool {
+	raw, found, err := w.s.store.MetaGet(ctx, key)
+	if err != nil || !found {
+		return false
+	}
+	e, err := decodeLineRow(scope, Row{Key: key, Value: raw})
+	return err == nil && e.Principal == w.me.Principal && e.Priority == w.me.Priority
 }
 
 // giveShareBack moves the principal's mark in sc back to prev (nil:
