@@ -99,6 +99,10 @@ type pgListener struct {
 	cancel  context.CancelFunc // stops the listening goroutine; nil when none runs
 	stopped chan struct{}      // closed when it has exited
 	linger  *time.Timer        // stops it once nobody subscribed for pgListenLinger; nil until first needed
+	// running counts the listening goroutines' runs not yet exited, each
+	// added under mu as it starts: Close waits for every one, those its
+	// linger's timer stopped included, for they still use the pool.
+	running sync.WaitGroup
 }
 
 // MetaCASNotify implements [Notifier]: MetaCAS that, when it writes while
@@ -176,7 +180,12 @@ func (s *PostgresStore) listening(key string, cancel func()) func() {
 			case <-ctx.Done():
 			}
 		})
-		go func() { wg.Wait(); close(stopped) }()
+		s.listen.running.Add(1)
+		go func() {
+			defer s.listen.running.Done()
+			wg.Wait()
+			close(stopped)
+		}()
 	}
 	s.listen.mu.Unlock()
 	var once sync.Once
@@ -222,6 +231,13 @@ func (s *PostgresStore) stopListening(ifIdle bool) {
 	if cancel != nil {
 		cancel()
 		<-stopped
+	}
+	if !ifIdle {
+		// Close: a run the linger's timer stopped may not have exited
+		// yet. No new one starts once the store is closed (listening
+		// looks under mu, after Close marked it closed), so the count
+		// only falls.
+		s.listen.running.Wait()
 	}
 }
 
