@@ -2,8 +2,6 @@ package runlease_test
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -47,11 +45,7 @@ func TestAnInheritedShareGoesBackWhenTheNewerWaiterLeavesUnadmitted(t *testing.T
 	nctx, ncancel := context.WithCancel(ctx)
 	defer ncancel()
 	dNew := leaseWait(nctx, newer, mem, opts...)
-	fence := `"fence":` + strconv.FormatUint(newer.Fence(), 10) + `,`
-	require.Eventually(t, func() bool {
-		rs := lineRowsOf(t, s, "mem", "r")
-		return len(rs) == 1 && strings.Contains(rs[0].Value, fence)
-	}, 20*time.Second, time.Millisecond, "the newer driver's waiter took the run's place")
+	awaitNewerInPlace(t, s, "mem", "r", newer)
 	require.ErrorIs(t, waitErr(t, dOld), runlease.ErrAlreadyQueued)
 
 	ncancel()
@@ -96,11 +90,7 @@ func TestAnOlderWaiterKeepsItsHandsOffTheShareOfAnAdmittedNewerOne(t *testing.T)
 		_, err := newer.ClaimSlotsWait(ctx, mem, runlease.WithFairShare("pr", 1), runlease.WithWaitPoll(runlease.MinWaitPoll))
 		dNew <- err
 	}()
-	fence := `"fence":` + strconv.FormatUint(newer.Fence(), 10) + `,`
-	require.Eventually(t, func() bool {
-		rs := lineRowsOf(t, s, "mem", "r")
-		return len(rs) == 1 && strings.Contains(rs[0].Value, fence)
-	}, 20*time.Second, time.Millisecond, "the newer driver's waiter took the run's place")
+	awaitNewerInPlace(t, s, "mem", "r", newer)
 	require.NoError(t, held.Release(ctx))
 	require.NoError(t, waitErr(t, dNew), "the newer waiter is admitted")
 	mark := get(t, s, mk)
@@ -139,11 +129,7 @@ func TestAnOlderWaiterGivesBackItsShareWhenTheNewerOneRanksAnew(t *testing.T) {
 	newer, err := runlease.Acquire(ctx, s, "r", "D1", runlease.WithTTL(time.Hour), at)
 	require.NoError(t, err)
 	dNew := leaseWait(ctx, newer, mem, runlease.WithFairShare("pb", 1), poll)
-	fence := `"fence":` + strconv.FormatUint(newer.Fence(), 10) + `,`
-	require.Eventually(t, func() bool {
-		rs := lineRowsOf(t, s, "mem", "r")
-		return len(rs) == 1 && strings.Contains(rs[0].Value, fence)
-	}, 20*time.Second, time.Millisecond, "the newer driver's waiter took the run's place")
+	awaitNewerInPlace(t, s, "mem", "r", newer)
 	require.Equal(t, oldKey, lineRowOf(t, s, "mem", "r").Key, "the new place lands at the older one's key")
 	get(t, s, runlease.FairPrefix+"3:mem:pb") // the new place charged pb
 

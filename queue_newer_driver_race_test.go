@@ -58,15 +58,23 @@ func takeOverPlace(t *testing.T, ctx context.Context, s runlease.Store, step tim
 	require.NoError(t, err)
 	require.Greater(t, newer.Fence(), old.Fence())
 	d.dNew = leaseWait(ctx, newer, mem, runlease.WithFairShare("pr", 1), poll)
-	fence := `"fence":` + strconv.FormatUint(newer.Fence(), 10) + `,`
-	require.Eventually(t, func() bool {
-		rs := lineRowsOf(t, s, "mem", "r")
-		return len(rs) == 1 && strings.Contains(rs[0].Value, fence)
-	}, 20*time.Second, time.Millisecond, "the newer driver's waiter took the run's place")
+	awaitNewerInPlace(t, s, "mem", "r", newer)
 	// Nothing moves the line now until the holder releases: the older
 	// waiter, finding its place taken, leaves without touching the newer's.
 	d.after, d.newKey = lineRuns(t, s, "mem", "r")
 	return d
+}
+
+// awaitNewerInPlace waits until run's one entry in scope is the one the
+// waiter of newer, a lease of a higher fence, wrote in the older waiter's
+// place.
+func awaitNewerInPlace(t *testing.T, s runlease.Store, scope, run string, newer *runlease.Lease) {
+	t.Helper()
+	fence := `"fence":` + strconv.FormatUint(newer.Fence(), 10) + `,`
+	require.Eventually(t, func() bool {
+		rs := lineRowsOf(t, s, scope, run)
+		return len(rs) == 1 && strings.Contains(rs[0].Value, fence)
+	}, 20*time.Second, time.Millisecond, "the newer driver's waiter took the run's place")
 }
 
 // leaseWait runs l.ClaimSlotsWait in the background and returns its
@@ -150,11 +158,7 @@ func TestAnOlderWaiterLeavesTheNewerDriverItsShare(t *testing.T) {
 	newer, err := runlease.Acquire(ctx, s, "r", "D1", runlease.WithTTL(time.Hour), at)
 	require.NoError(t, err)
 	dNew := leaseWait(ctx, newer, mem, opts...)
-	fence := `"fence":` + strconv.FormatUint(newer.Fence(), 10) + `,`
-	require.Eventually(t, func() bool {
-		rs := lineRowsOf(t, s, "mem", "r")
-		return len(rs) == 1 && strings.Contains(rs[0].Value, fence)
-	}, 20*time.Second, time.Millisecond, "the newer driver's waiter took the run's place")
+	awaitNewerInPlace(t, s, "mem", "r", newer)
 	mark := get(t, s, runlease.FairPrefix+"3:mem:pr")
 
 	require.ErrorIs(t, waitErr(t, dOld), runlease.ErrAlreadyQueued, "the older driver's waiter finds the newer one in its place")
